@@ -1,0 +1,1 @@
+"""Patchbay merge: recipe-based model merging, a standalone library free of ComfyUI (planned, issue 6)."""

@@ -1,0 +1,20 @@
+"""Node registration: every ``nodes/*.py`` ends with a ``NODES`` list; this is the one loop over them.
+
+Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_NAME``.
+"""
+
+from __future__ import annotations
+
+from . import floats
+
+_MODULES = (floats,)
+
+NODE_CLASS_MAPPINGS: dict[str, type] = {}
+NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}
+
+for _module in _MODULES:
+    for _node in _module.NODES:
+        if _node.NODE_ID in NODE_CLASS_MAPPINGS:
+            raise RuntimeError(f"Patchbay node id {_node.NODE_ID!r} is registered twice")
+        NODE_CLASS_MAPPINGS[_node.NODE_ID] = _node
+        NODE_DISPLAY_NAME_MAPPINGS[_node.NODE_ID] = _node.DISPLAY_NAME

@@ -1,0 +1,1 @@
+"""Patchbay patcher: the hook-aware ModelPatcher subclass and its registries (planned, issue 3)."""
