@@ -1,0 +1,58 @@
+"""Where the development pieces live: the repo, ComfyUI, the generated models and the outputs.
+
+Scripts in devtools/ import each other by plain module name (run them as ``python devtools/x.py``;
+tests put devtools/ on sys.path). The repo root itself never goes on sys.path: its ``nodes``
+package would shadow ComfyUI's ``nodes`` module.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACK_NAME = "ComfyUI-Patchbay"
+WORKFLOWS_DIR = ROOT / "workflows"
+
+
+def comfyui_dir() -> Path:
+    """The ComfyUI folder made by devtools/env.sh, from $PATCHBAY_COMFYUI."""
+    value = os.environ.get("PATCHBAY_COMFYUI")
+    if not value:
+        raise RuntimeError(
+            "PATCHBAY_COMFYUI is not set: run through 'make test' / 'make demo', or set it to the "
+            "'comfyui' folder that devtools/env.sh prints (e.g. $(devtools/env.sh)/comfyui)."
+        )
+    path = Path(value)
+    if not (path / "main.py").is_file():
+        raise RuntimeError(f"PATCHBAY_COMFYUI={value} holds no ComfyUI main.py; re-run devtools/env.sh.")
+    return path
+
+
+def cache_dir() -> Path:
+    """Git-ignored cache inside the clone for generated files."""
+    return Path(os.environ.get("PATCHBAY_REPO_CACHE", ROOT / ".cache"))
+
+
+def models_dir() -> Path:
+    """Generated tiny models: ``checkpoints/`` and ``loras/`` below it."""
+    return cache_dir() / "models"
+
+
+def output_dir() -> Path:
+    """Images, screenshots and reports that demos and tests write for people to look at."""
+    return ROOT / "output"
+
+
+def make_custom_nodes_dir(parent: Path) -> Path:
+    """A ``custom_nodes`` folder in ``parent`` holding only a link named ComfyUI-Patchbay to this repo.
+
+    ComfyUI loads every subfolder of a custom_nodes folder under the subfolder's name, so the pack
+    is imported exactly as it is when a user clones it into ComfyUI/custom_nodes/ComfyUI-Patchbay.
+    """
+    folder = parent / "custom_nodes"
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / PACK_NAME
+    if not link.is_symlink():
+        link.symlink_to(ROOT, target_is_directory=True)
+    return folder
