@@ -1,0 +1,104 @@
+"""Shared fixtures for the four test tiers (markers t0..t3, see pyproject.toml).
+
+- ``pack``: the pack's pure modules imported under the name ``patchbay`` without running its
+  ``__init__`` (T0; nothing from ComfyUI is imported).
+- ``models``: the tiny generated models (devtools/tiny_models.py), made once per session.
+- ``comfy``: ComfyUI in-process (T1): core and extra nodes initialised, this pack loaded through
+  ComfyUI's own ``nodes.load_custom_node`` from a ``custom_nodes/ComfyUI-Patchbay`` link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "devtools"))
+
+import devpaths  # noqa: E402
+
+
+def _import_pack_without_init() -> types.ModuleType:
+    if "patchbay" not in sys.modules:
+        package = types.ModuleType("patchbay")
+        package.__path__ = [str(ROOT)]
+        sys.modules["patchbay"] = package
+    return sys.modules["patchbay"]
+
+
+@pytest.fixture(scope="session")
+def pack() -> types.ModuleType:
+    return _import_pack_without_init()
+
+
+@pytest.fixture(scope="session")
+def models():
+    import tiny_models
+
+    return tiny_models.ensure_models(devpaths.models_dir())
+
+
+@pytest.fixture(scope="session")
+def comfy(models, tmp_path_factory):
+    """ComfyUI imported in-process on the CPU with this pack loaded as a custom node."""
+    comfy_dir = devpaths.comfyui_dir()
+    if str(comfy_dir) not in sys.path:
+        sys.path.insert(0, str(comfy_dir))
+    from comfy.cli_args import args
+
+    args.cpu = True
+    import folder_paths
+
+    base = devpaths.models_dir()
+    folder_paths.add_model_folder_path("checkpoints", str(base / "checkpoints"), is_default=True)
+    folder_paths.add_model_folder_path("loras", str(base / "loras"), is_default=True)
+    folder_paths.set_output_directory(str(tmp_path_factory.mktemp("comfy_output")))
+    import nodes
+
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+    custom_nodes = devpaths.make_custom_nodes_dir(tmp_path_factory.mktemp("pack"))
+    loaded = asyncio.run(nodes.load_custom_node(str(custom_nodes / devpaths.PACK_NAME)))
+    assert loaded, "ComfyUI failed to load the pack; see the log above for the traceback"
+    return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=sys.modules[devpaths.PACK_NAME])
+
+
+# ---- tier accounting: every tier must run, and nothing may be skipped on CI ----------------------
+
+TIERS = ("t0", "t1", "t2", "t3")
+_tier_outcomes: dict[str, dict[str, int]] = {tier: {} for tier in TIERS}
+
+
+def pytest_collection_modifyitems(config, items):
+    untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if untiered:
+        raise pytest.UsageError(f"tests without a tier marker (t0..t3): {untiered}")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        for tier in TIERS:
+            if tier in report.keywords:
+                counts = _tier_outcomes[tier]
+                counts[report.outcome] = counts.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    line = ", ".join(
+        f"{tier}: " + (" ".join(f"{n} {o}" for o, n in sorted(c.items())) or "none")
+        for tier, c in _tier_outcomes.items()
+    )
+    terminalreporter.write_line(f"tiers -> {line}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("CI") and not session.config.option.markexpr and exitstatus == 0:
+        empty = [t for t, c in _tier_outcomes.items() if not c.get("passed")]
+        skipped = [t for t, c in _tier_outcomes.items() if c.get("skipped")]
+        if empty or skipped:
+            print(f"\nCI requires every tier to run: no passing test in {empty}, skips in {skipped}")
+            session.exitstatus = 1

@@ -1,0 +1,130 @@
+"""T0: the dependency arrows of ../shared/STYLE.md, relative imports and no monkeypatching.
+
+    __init__ -> nodes -> {hooks, patcher, merge} -> comfy
+    patcher -> hooks (allowed)      hooks -X-> patcher, merge, nodes
+    merge   -X-> nodes, hooks, patcher, comfy, folder_paths
+    folder_paths, server and core `nodes` are imported only from nodes/
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.t0
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("nodes", "hooks", "patcher", "merge")
+COMFY_TOP = {"comfy", "comfy_extras", "comfy_api", "comfy_execution", "folder_paths", "server", "nodes",
+             "node_helpers", "latent_preview", "execution", "app"}
+FORBIDDEN = {
+    "hooks": {"nodes", "patcher", "merge", "folder_paths", "server", "core nodes"},
+    "patcher": {"nodes", "merge", "folder_paths", "server", "core nodes"},
+    "merge": {"nodes", "hooks", "patcher", "comfy", "comfy_extras", "comfy_api", "folder_paths", "server",
+              "core nodes"},
+}
+
+
+def pack_files() -> list[Path]:
+    files = [ROOT / "__init__.py"]
+    for package in PACKAGES:
+        files += sorted((ROOT / package).rglob("*.py"))
+    return files
+
+
+def imported_targets(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, target) per import: our subpackage name, 'core nodes', or an absolute top-level module."""
+    rel = path.relative_to(root)
+    depth_parts = rel.parts[:-1]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, _absolute(alias.name)) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                out.append((node.lineno, _absolute(node.module or "")))
+                continue
+            base = list(depth_parts[: len(depth_parts) - (node.level - 1)])
+            parts = base + (node.module.split(".") if node.module else [])
+            if parts:
+                out.append((node.lineno, parts[0]))
+            else:  # "from .. import x" at the pack root
+                out += [(node.lineno, alias.name) for alias in node.names]
+    return out
+
+
+def _absolute(module: str) -> str:
+    top = module.split(".")[0]
+    return "core nodes" if top == "nodes" else top
+
+
+@pytest.mark.parametrize("path", pack_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_dependency_arrows(path):
+    owner = path.relative_to(ROOT).parts[0]
+    forbidden = FORBIDDEN.get(owner, set())
+    bad = [(line, target) for line, target in imported_targets(path) if target in forbidden]
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}, which STYLE.md's arrows forbid for {owner}/"
+
+
+@pytest.mark.parametrize("path", pack_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_pack_imports_are_relative(path):
+    absolute_own = [(line, t) for line, t in imported_targets(path)
+                    if t in PACKAGES and not _is_relative_line(path, line)]
+    assert not absolute_own, (
+        f"{path.name}: import our own modules relatively (ComfyUI imports the pack by its path)")
+
+
+def _is_relative_line(path: Path, line: int) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.lineno == line:
+            return node.level > 0
+    return False
+
+
+def test_core_modules_only_from_nodes():
+    for path in pack_files():
+        owner = path.relative_to(ROOT).parts[0]
+        if owner == "nodes":
+            continue
+        for line, target in imported_targets(path):
+            assert target not in {"folder_paths", "server", "core nodes"}, f"{path}:{line} imports {target}"
+
+
+@pytest.mark.parametrize("path", pack_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_monkeypatching_of_comfy_or_torch(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            root = target
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(target, ast.Attribute) and isinstance(root, ast.Name):
+                assert root.id not in {"comfy", "torch", "folder_paths", "nodes"}, (
+                    f"{path.name}:{node.lineno} assigns to {ast.unparse(target)}; use wrappers, callbacks, "
+                    "object patches or injections instead")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            first = node.args[0] if node.args else None
+            assert not (isinstance(first, (ast.Name, ast.Attribute))
+                        and ast.unparse(first).split(".")[0] in {"comfy", "torch"}), (
+                f"{path.name}:{node.lineno} setattr on a comfy/torch object")
+
+
+def test_root_init_only_exports_mappings():
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    names = {t.id for n in tree.body if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert imported <= {"NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"}
+    assert names <= {"__all__", "WEB_DIRECTORY"}
+
+
+def test_architecture_checker_catches_a_forbidden_import(tmp_path):
+    """The checker itself works: a fake hooks/ module importing ..nodes and folder_paths is reported."""
+    (tmp_path / "hooks").mkdir()
+    bad = tmp_path / "hooks" / "bad.py"
+    bad.write_text("from ..nodes import floats\nimport folder_paths\nfrom . import fine\n")
+    targets = {t for _, t in imported_targets(bad, root=tmp_path)}
+    assert targets & FORBIDDEN["hooks"] == {"nodes", "folder_paths"}
