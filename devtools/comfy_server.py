@@ -1,0 +1,363 @@
+"""A real ComfyUI server in a subprocess, with this pack loaded from the repo, driven over HTTP.
+
+Why: the demo, the T2 tests (bundled workflows executed end to end) and the T3 tests (the real
+frontend in a browser) must see exactly what a user sees after cloning the pack into
+``ComfyUI/custom_nodes``. So ComfyUI runs as its own process (``main.py --cpu``) and finds the pack
+through an ``extra_model_paths`` yaml whose ``custom_nodes:`` folder links to this repo. Every
+folder ComfyUI writes to (temp, user, input, database) lives in a temporary directory, so nothing
+is written into the ComfyUI folder; images go to ``--output-directory``.
+
+Only the standard library is used for HTTP (urllib), so the module runs in any Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import devpaths
+
+__all__ = ["ComfyServer", "ComfyServerError", "ExecutionError", "HTTPStatusError", "RunResult", "free_port"]
+
+
+class ComfyServerError(RuntimeError):
+    """The server did not start, died, refused a request or timed out."""
+
+
+class ExecutionError(ComfyServerError):
+    """ComfyUI refused a prompt or failed while executing it; the message is ComfyUI's."""
+
+
+class HTTPStatusError(ComfyServerError):
+    """The server answered with an HTTP error status; ``body`` is what it said."""
+
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {path} answered {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one prompt did: ``seconds`` of execution, the files it wrote to the output folder."""
+
+    seconds: float
+    outputs: list[Path] = field(default_factory=list)
+    ok: bool = True
+    error: str | None = None
+    prompt_id: str | None = None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ComfyServer:
+    """``with ComfyServer() as server: server.run(prompt)`` -- ComfyUI with this pack, on the CPU.
+
+    Args:
+        output_dir: where ComfyUI saves images (default ``devpaths.output_dir()``).
+        port: TCP port on 127.0.0.1 (default: a free one).
+        log_path: file that receives ComfyUI's stdout and stderr (default: in the temp folder,
+            removed on exit; pass a path to keep it).
+        startup_timeout: seconds to wait for the HTTP API before giving up.
+        api_nodes: load ComfyUI's paid API nodes (off: faster start, and the frontend stays offline).
+        settings: frontend settings for the (fresh) default user, e.g. ``frontend.HEADLESS_SETTINGS``.
+        extra_args: more ``main.py`` arguments.
+    """
+
+    def __init__(
+        self,
+        output_dir: Path | None = None,
+        *,
+        port: int | None = None,
+        log_path: Path | None = None,
+        startup_timeout: float = 300.0,
+        api_nodes: bool = False,
+        settings: dict[str, Any] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.output_dir = Path(output_dir or devpaths.output_dir()).resolve()
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout = startup_timeout
+        self.client_id = uuid.uuid4().hex
+        self._requested_log = log_path
+        self._log_path: Path | None = None
+        self._api_nodes = api_nodes
+        self._settings = dict(settings or {})
+        self._extra_args = tuple(extra_args)
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log_file = None
+        self._old_sigterm: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> ComfyServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def log_path(self) -> Path:
+        if self._log_path is None:
+            raise ComfyServerError("the server has not been started; use 'with ComfyServer() as server:'")
+        return self._log_path
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> ComfyServer:
+        """Start ComfyUI and wait until its HTTP API answers; on failure stop it and raise."""
+        if self._proc is not None:
+            raise ComfyServerError(f"this ComfyServer is already started at {self.url}")
+        try:
+            comfy_dir = devpaths.comfyui_dir()
+        except RuntimeError as err:
+            raise ComfyServerError(str(err)) from err
+        self._tmp = tempfile.TemporaryDirectory(prefix="patchbay-comfy-")
+        tmp = Path(self._tmp.name)
+        self._log_path = Path(self._requested_log or tmp / "comfyui.log")
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self._log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in stop)
+        self._proc = subprocess.Popen(
+            self._command(comfy_dir, tmp), cwd=tmp, stdout=self._log_file, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        )
+        self._install_sigterm_handler()
+        try:
+            self._wait_until_up()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _command(self, comfy_dir: Path, tmp: Path) -> list[str]:
+        for name in ("input", "user/default"):
+            (tmp / name).mkdir(parents=True, exist_ok=True)
+        if self._settings:
+            (tmp / "user/default/comfy.settings.json").write_text(json.dumps(self._settings, indent=4))
+        config = tmp / "extra_model_paths.yaml"
+        config.write_text(self._extra_paths_yaml(tmp))
+        command = [
+            sys.executable, str(comfy_dir / "main.py"), "--cpu", "--listen", "127.0.0.1",
+            "--port", str(self.port), "--disable-auto-launch",
+            "--extra-model-paths-config", str(config),
+            "--output-directory", str(self.output_dir),
+            "--temp-directory", str(tmp), "--input-directory", str(tmp / "input"),
+            "--user-directory", str(tmp / "user"), "--database-url", f"sqlite:///{tmp / 'comfyui.db'}",
+        ]
+        if not self._api_nodes:
+            command.append("--disable-api-nodes")
+        return command + list(self._extra_args)
+
+    @staticmethod
+    def _extra_paths_yaml(tmp: Path) -> str:
+        models = devpaths.models_dir().resolve()
+        paths = {
+            "checkpoints": models / "checkpoints",
+            "loras": models / "loras",
+            "custom_nodes": devpaths.make_custom_nodes_dir(tmp),
+        }
+        # A JSON string is a valid YAML double-quoted scalar, whatever the path holds.
+        return "patchbay:\n" + "".join(f"  {key}: {json.dumps(str(p))}\n" for key, p in paths.items())
+
+    def _wait_until_up(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise ComfyServerError(
+                    f"ComfyUI exited with code {self._proc.returncode} while starting.\n"
+                    f"{self.log_tail()}\nFull log: {self.log_path}"
+                )
+            with contextlib.suppress(OSError, ComfyServerError):
+                self._request("GET", "/api/system_stats", timeout=2)
+                return
+            if time.monotonic() > deadline:
+                raise ComfyServerError(
+                    f"ComfyUI did not answer at {self.url} within {self.startup_timeout:.0f} s; raise "
+                    f"startup_timeout if this machine is slow.\n{self.log_tail()}\nFull log: {self.log_path}"
+                )
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        """Stop ComfyUI and everything it started (its process group); idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            _stop_group(proc)
+        self._restore_sigterm_handler()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def _install_sigterm_handler(self) -> None:
+        """Turn SIGTERM into SystemExit so ``with`` blocks (and so ``stop``) still run."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
+
+    def _restore_sigterm_handler(self) -> None:
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    # -- logs ------------------------------------------------------------------------------------
+
+    def log_text(self) -> str:
+        """Everything ComfyUI has printed so far."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_text().splitlines()[-lines:]
+        return "--- last lines of the ComfyUI log ---\n" + "\n".join(text)
+
+    # -- HTTP API --------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as err:
+            raise HTTPStatusError(method, path, err.code, _body_text(err)) from err
+        return json.loads(payload) if payload else None
+
+    def get_json(self, path: str, timeout: float = 30.0) -> Any:
+        """GET ``path`` (e.g. ``/api/workflow_templates``) and decode the JSON answer."""
+        return self._request("GET", path, timeout=timeout)
+
+    def object_info(self) -> dict[str, dict]:
+        """``GET /object_info``: every node type's inputs and outputs, as the frontend sees them."""
+        return self._request("GET", "/api/object_info", timeout=120)
+
+    def queue(self, prompt: dict[str, Any]) -> str:
+        """Queue an API-format prompt; return its prompt_id. Raise ExecutionError if refused."""
+        body = {"prompt": prompt, "client_id": self.client_id}
+        try:
+            return self._request("POST", "/api/prompt", body, timeout=60)["prompt_id"]
+        except HTTPStatusError as err:
+            raise ExecutionError(f"ComfyUI refused the prompt: {_refusal_text(err.body)}") from err
+
+    def wait(self, prompt_id: str, timeout: float = 600.0) -> dict[str, Any]:
+        """Wait for ``prompt_id`` to finish; return its ``/history`` entry, or raise ExecutionError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            entry = self._request("GET", f"/api/history/{prompt_id}").get(prompt_id)
+            if entry is not None and entry.get("status", {}).get("completed") is not None:
+                _raise_if_failed(prompt_id, entry)
+                return entry
+            if not self.running:
+                raise ComfyServerError(f"ComfyUI died while running prompt {prompt_id}.\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ComfyServerError(f"prompt {prompt_id} did not finish within {timeout:.0f} s; "
+                                       f"pass a larger timeout or check {self.log_path}")
+            time.sleep(0.1)
+
+    def run(self, prompt: dict[str, Any], timeout: float = 600.0) -> RunResult:
+        """Queue, wait and collect the written files; errors become ``ok=False`` with ComfyUI's message."""
+        started = time.monotonic()
+        prompt_id = None
+        try:
+            prompt_id = self.queue(prompt)
+            entry = self.wait(prompt_id, timeout)
+        except ComfyServerError as err:
+            return RunResult(time.monotonic() - started, [], False, str(err), prompt_id)
+        seconds = _execution_seconds(entry) or time.monotonic() - started
+        return RunResult(seconds, self.output_files(entry), True, None, prompt_id)
+
+    def output_files(self, entry: dict[str, Any]) -> list[Path]:
+        """The files a history entry says were saved to the output folder (not temp previews)."""
+        files = []
+        for node_output in entry.get("outputs", {}).values():
+            for items in node_output.values():
+                for item in items if isinstance(items, list) else []:
+                    if isinstance(item, dict) and item.get("type") == "output" and "filename" in item:
+                        files.append(self.output_dir / item.get("subfolder", "") / item["filename"])
+        return files
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group we created for ComfyUI, then SIGKILL whatever is left."""
+    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+            with contextlib.suppress(ProcessLookupError):  # children that outlived the leader
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+
+
+def _raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _body_text(err: urllib.error.HTTPError) -> str:
+    try:
+        return err.read().decode("utf-8", errors="replace")
+    except OSError:
+        return str(err)
+
+
+def _refusal_text(body: str) -> str:
+    """ComfyUI's /prompt validation answer as readable lines (node id, type, what is wrong)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return body
+    error = answer.get("error", {})
+    lines = [f"{error.get('message', '')} {error.get('details', '')}".strip()]
+    for node_id, node_error in answer.get("node_errors", {}).items():
+        for item in node_error.get("errors", []):
+            lines.append(f"node {node_id} ({node_error.get('class_type')}): {item.get('message')}: "
+                         f"{item.get('details')}")
+    return "\n".join(lines)
+
+
+def _raise_if_failed(prompt_id: str, entry: dict[str, Any]) -> None:
+    status = entry.get("status", {})
+    if status.get("status_str") == "success":
+        return
+    for event, data in status.get("messages", []):
+        if event == "execution_error":
+            raise ExecutionError(
+                f"ComfyUI failed on node {data.get('node_id')} ({data.get('node_type')}): "
+                f"{data.get('exception_type')}: {data.get('exception_message', '').strip()}"
+            )
+        if event == "execution_interrupted":
+            raise ExecutionError(f"prompt {prompt_id} was interrupted at node {data.get('node_id')}")
+    raise ExecutionError(f"prompt {prompt_id} ended with status {status.get('status_str')!r}: {status}")
+
+
+def _execution_seconds(entry: dict[str, Any]) -> float | None:
+    """Seconds between ComfyUI's execution_start and execution_success messages, if both are there."""
+    stamps = {event: data.get("timestamp") for event, data in entry.get("status", {}).get("messages", [])}
+    start, end = stamps.get("execution_start"), stamps.get("execution_success")
+    return (end - start) / 1000.0 if start is not None and end is not None else None

@@ -1,0 +1,217 @@
+"""The real ComfyUI frontend in headless Chromium (playwright, sync API), driven from Python.
+
+Why: the bundled workflows must be what the frontend itself writes and reads, so they are built
+(devtools/build_workflows.py) and checked (tests/test_t3_frontend.py) by the frontend served by a
+live ComfyServer, not by a re-implementation. This module owns the browser details: Debian's
+``/usr/bin/chromium`` (playwright never downloads a browser here), a fresh profile per session,
+the first-run popups kept out of the way, and the few ``window.app`` calls we rely on
+(frontend 1.32.9: ``loadGraphData``, ``loadApiJson``, ``graphToPrompt``, ``LiteGraph.registered_node_types``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHROMIUM", "Frontend", "FrontendError", "HEADLESS_SETTINGS"]
+
+CHROMIUM = os.environ.get("PATCHBAY_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# Frontend settings for a clean canvas: no template browser on first run, no minimap, no overlays.
+HEADLESS_SETTINGS: dict[str, Any] = {
+    "Comfy.TutorialCompleted": True,
+    "Comfy.Minimap.Visible": False,
+    "Comfy.Graph.CanvasInfo": False,
+    "Comfy.Graph.CanvasMenu": False,
+    "Comfy.Notification.ShowVersionUpdates": False,
+    "Comfy.Workflow.Persist": False,
+    "LiteGraph.Canvas.MinFontSizeForLOD": 1,  # draw text and widgets even when zoomed out to fit
+}
+_READY = ("() => !!(window.app && window.app.graph && window.app.canvas && window.LiteGraph"
+          " && Object.keys(window.LiteGraph.registered_node_types).length > 0 && window.app.vueAppReady)")
+_INIT_SCRIPT = "try { localStorage.setItem('vueNodesBannerDismissed', 'true') } catch (e) {}"
+# Visible error toasts and dialogs (PrimeVue), after a workflow was loaded.
+_ERRORS_JS = """() => {
+  const visible = (el) => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
+  const out = [];
+  for (const el of document.querySelectorAll('.p-toast-message-error, .p-toast-message-warn'))
+    if (visible(el)) out.push('toast: ' + el.innerText.trim().replace(/\\s+/g, ' '));
+  for (const el of document.querySelectorAll('.p-dialog'))
+    if (visible(el)) out.push('dialog: ' + el.innerText.trim().replace(/\\s+/g, ' ').slice(0, 300));
+  return out;
+}"""
+
+
+class FrontendError(RuntimeError):
+    """The browser or the frontend did not do what was asked; the message says what and where."""
+
+
+class Frontend:
+    """``with Frontend(server.url) as fe: fe.load_workflow(wf, "name")`` -- one page, one fresh profile."""
+
+    def __init__(self, url: str, *, viewport: tuple[int, int] = (1280, 800), timeout: float = 120.0) -> None:
+        self.url = url
+        self.viewport = viewport
+        self.timeout_ms = int(timeout * 1000)
+        self.console_errors: list[str] = []
+        self._profile: tempfile.TemporaryDirectory | None = None
+        self._playwright = None
+        self._context = None
+        self.page = None
+
+    def __enter__(self) -> Frontend:
+        if not Path(CHROMIUM).exists():
+            raise FrontendError(f"no browser at {CHROMIUM}: install Debian's chromium ('devtools/env.sh "
+                                f"--browser' or 'apt-get install chromium') or set PATCHBAY_CHROMIUM")
+        from playwright.sync_api import sync_playwright
+
+        self._profile = tempfile.TemporaryDirectory(prefix="patchbay-chromium-")
+        self._playwright = sync_playwright().start()
+        try:
+            self._open()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _open(self) -> None:
+        width, height = self.viewport
+        self._context = self._playwright.chromium.launch_persistent_context(
+            self._profile.name, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": width, "height": height},
+        )
+        self._context.add_init_script(_INIT_SCRIPT)
+        self.page = self._context.new_page()
+        self.page.set_default_timeout(self.timeout_ms)
+        self.page.on("console", self._on_console)
+        self.page.on("pageerror", lambda err: self.console_errors.append(f"pageerror: {err}"))
+        self.page.goto(self.url)
+        try:
+            self.page.wait_for_function(_READY, timeout=self.timeout_ms)
+        except Exception as err:
+            seconds = self.timeout_ms / 1000
+            raise FrontendError(f"the frontend at {self.url} was not ready within {seconds:.0f} s; "
+                                f"console errors: {self.console_errors[-5:]}") from err
+
+    def _on_console(self, message: Any) -> None:
+        if message.type == "error":
+            self.console_errors.append(message.text)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._context is not None:
+            self._context.close()
+            self._context = None
+        if self._playwright is not None:
+            self._playwright.stop()
+            self._playwright = None
+        if self._profile is not None:
+            self._profile.cleanup()
+            self._profile = None
+
+    # -- graphs ----------------------------------------------------------------------------------
+
+    def evaluate(self, script: str, arg: Any = None) -> Any:
+        return self.page.evaluate(script, arg)
+
+    def registered_node_types(self) -> set[str]:
+        return set(self.evaluate("() => Object.keys(LiteGraph.registered_node_types)"))
+
+    def missing_node_types(self, workflow: dict[str, Any]) -> list[str]:
+        """Node types the workflow uses that this frontend does not know."""
+        known = self.registered_node_types()
+        return sorted({node["type"] for node in workflow.get("nodes", []) if node["type"] not in known})
+
+    def nodes_with_errors(self) -> list[list[Any]]:
+        """[id, type] of loaded nodes the frontend flagged (e.g. placeholders for missing types)."""
+        return self.evaluate("() => app.graph.nodes.filter(n => n.has_errors).map(n => [n.id, n.type])")
+
+    def load_workflow(self, workflow: dict[str, Any], name: str) -> None:
+        """``app.loadGraphData`` a UI-format workflow as a new tab named ``name``, without dialogs."""
+        self.console_errors.clear()
+        self.evaluate("""async ([wf, name]) => { await app.loadGraphData(wf, true, true, name,
+            {showMissingNodesDialog: false, showMissingModelsDialog: false}); }""", [workflow, name])
+        self._settle()
+
+    def load_api_prompt(self, prompt: dict[str, Any], name: str) -> None:
+        """``app.loadApiJson``: build a graph from an API-format prompt, as dropping one in does."""
+        self.console_errors.clear()
+        self.evaluate("async ([prompt, name]) => { await app.loadApiJson(prompt, name); }", [prompt, name])
+        self._settle()
+
+    def graph_to_prompt(self) -> dict[str, Any]:
+        """``await app.graphToPrompt()``: ``{"workflow": UI format as exported, "output": API prompt}``."""
+        return self.evaluate("async () => JSON.parse(JSON.stringify(await app.graphToPrompt()))")
+
+    def set_widget_values(self, name: str, value: Any) -> int:
+        """Set every widget called ``name`` (e.g. control_after_generate) to ``value``; return how many."""
+        return self.evaluate("""([name, value]) => { let n = 0;
+            for (const node of app.graph.nodes) for (const w of node.widgets ?? [])
+                if (w.name === name) { w.value = value; n++; }
+            return n; }""", [name, value])
+
+    def error_messages(self) -> list[str]:
+        """Visible error/warning toasts and open dialogs."""
+        return self.evaluate(_ERRORS_JS)
+
+    def widget_layouts(self) -> dict[str, dict[str, Any]]:
+        """For every registered node type: its widgets (name, stored, api) and input slots (name, type)."""
+        return self.evaluate("""() => { const out = {};
+          for (const type of Object.keys(LiteGraph.registered_node_types)) {
+            const node = LiteGraph.createNode(type);
+            if (!node) continue;
+            out[type] = {
+              widgets: (node.widgets ?? []).map(w => [w.name, w.serialize !== false,
+                                                       !!w.name && w.options?.serialize !== false]),
+              inputs: (node.inputs ?? []).map(i => [i.name, String(i.type)]),
+            };
+          }
+          return out; }""")
+
+    # -- pictures --------------------------------------------------------------------------------
+
+    def screenshot_graph(self, path: Path, *, crop: bool = True) -> Path:
+        """Fit the graph to the window, hide the UI around it (focus mode), save a PNG screenshot.
+
+        With ``crop`` the picture is cut to the nodes' bounding box plus a small margin.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.evaluate("""async () => {
+            const cmd = app.extensionManager.command;
+            await cmd.execute('Workspace.ToggleFocusMode');
+            await cmd.execute('Comfy.Canvas.FitView');
+            app.canvas.deselectAll?.(); app.graph.setDirtyCanvas(true, true); }""")
+        self._settle()
+        try:
+            clip = self._graph_clip() if crop else None
+            self.page.screenshot(path=str(path), **({"clip": clip} if clip else {}))
+        finally:
+            self.evaluate("async () => app.extensionManager.command.execute('Workspace.ToggleFocusMode')")
+        return path
+
+    def _graph_clip(self, margin: float = 24.0) -> dict[str, float] | None:
+        box = self.evaluate("""() => {
+            const ds = app.canvas.ds, rect = app.canvas.canvas.getBoundingClientRect();
+            let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+            for (const node of app.graph.nodes) {
+              const [x, y, w, h] = node.boundingRect;
+              x0 = Math.min(x0, x); y0 = Math.min(y0, y); x1 = Math.max(x1, x + w); y1 = Math.max(y1, y + h);
+            }
+            if (x0 === Infinity) return null;
+            const sx = (v) => rect.left + (v + ds.offset[0]) * ds.scale;
+            const sy = (v) => rect.top + (v + ds.offset[1]) * ds.scale;
+            return [sx(x0), sy(y0), sx(x1), sy(y1)]; }""")
+        if box is None:
+            return None
+        width, height = self.viewport
+        left, top = max(0.0, box[0] - margin), max(0.0, box[1] - margin)
+        right, bottom = min(float(width), box[2] + margin), min(float(height), box[3] + margin)
+        return {"x": left, "y": top, "width": right - left, "height": bottom - top}
+
+    def _settle(self, seconds: float = 0.5) -> None:
+        """Let the frontend finish its animation frames and toasts."""
+        self.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        time.sleep(seconds)

@@ -1,0 +1,106 @@
+"""T1: the pack as ComfyUI loads it: node registry rules, and FLOATS driving core hook keyframes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.t1
+
+CKPT = "patchbay-sd15-tiny-a.safetensors"
+LORA = "patchbay-lora-r4.safetensors"
+
+
+def workflow_node_types() -> set[str]:
+    import devpaths
+
+    types: set[str] = set()
+    for path in sorted(devpaths.WORKFLOWS_DIR.glob("*.json")):
+        graph = json.loads(path.read_text())
+        graphs = [graph] + graph.get("definitions", {}).get("subgraphs", [])
+        types |= {node["type"] for g in graphs for node in g.get("nodes", [])}
+    return types
+
+
+def test_registry_ids_prefixed_unique_and_not_colliding_with_core(comfy):
+    ours = comfy.pack.NODE_CLASS_MAPPINGS
+    assert ours, "the pack registers no node"
+    core = {node_id for node_id, cls in comfy.nodes.NODE_CLASS_MAPPINGS.items()
+            if not cls.__module__.startswith("ComfyUI-Patchbay")}
+    for node_id, cls in ours.items():
+        assert node_id.startswith("Patchbay"), node_id
+        assert node_id == cls.NODE_ID
+        assert node_id not in core, f"{node_id} collides with a core node id (ComfyUI would drop ours)"
+        assert comfy.nodes.NODE_CLASS_MAPPINGS[node_id] is cls, f"{node_id} was not registered by ComfyUI"
+        assert comfy.pack.NODE_DISPLAY_NAME_MAPPINGS[node_id] == cls.DISPLAY_NAME
+        assert cls.CATEGORY.startswith("Patchbay/")
+    display_names = list(comfy.pack.NODE_DISPLAY_NAME_MAPPINGS.values())
+    assert len(display_names) == len(set(display_names)), "two nodes share a display name"
+
+
+def test_every_node_has_a_help_page(comfy):
+    import devpaths
+
+    docs = devpaths.ROOT / comfy.pack.WEB_DIRECTORY / "docs"
+    missing = [node_id for node_id in comfy.pack.NODE_CLASS_MAPPINGS if not (docs / f"{node_id}.md").is_file()]
+    assert not missing, f"write web/docs/<NodeId>.md for {missing}"
+
+
+def test_every_node_is_used_by_a_bundled_workflow(comfy):
+    unused = set(comfy.pack.NODE_CLASS_MAPPINGS) - workflow_node_types()
+    assert not unused, f"no bundled workflow in workflows/ uses {sorted(unused)}"
+
+
+def test_floats_make_core_keyframes(comfy):
+    floats_node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayFloatsRamp"]()
+    (values,) = floats_node.make(start=1.0, end=0.0, count=5, easing="linear")
+    keyframes_node = comfy.nodes.NODE_CLASS_MAPPINGS["CreateHookKeyframesFromFloats"]()
+    (group,) = keyframes_node.create_hook_keyframes(values, start_percent=0.0, end_percent=1.0)
+    assert [kf.strength for kf in group.keyframes] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert [kf.start_percent for kf in group.keyframes] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+
+
+def test_floats_text_error_reaches_the_user_with_its_column(comfy):
+    node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayFloatsFromText"]()
+    with pytest.raises(ValueError, match="'0.5x' at line 1, column 4"):
+        node.make("1, 0.5x")
+
+
+@pytest.fixture(scope="module")
+def sampling(comfy, models):
+    n = comfy.nodes.NODE_CLASS_MAPPINGS
+    model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
+    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight in armor")
+    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
+    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
+
+    def sample(model_in, pos):
+        (out,) = n["KSampler"]().sample(model_in, 7, 4, 7.0, "euler", "normal", pos, negative, latent)
+        return out["samples"]
+
+    def hooked(strength_text: str | None):
+        (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
+        if strength_text is not None:
+            (values, _count) = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayFloatsFromText"]().make(strength_text)
+            (kf,) = n["CreateHookKeyframesFromFloats"]().create_hook_keyframes(values, 0.0, 1.0)
+            (hooks,) = n["SetHookKeyframes"]().set_hook_keyframes(hooks, kf)
+        (pos,) = n["ConditioningSetProperties"]().set_properties(positive, 1.0, "default", hooks=hooks)
+        return sample(model, pos)
+
+    return sample, hooked, model, positive
+
+
+def test_floats_schedule_drives_a_lora_hook_in_sampling(sampling):
+    sample, hooked, model, positive = sampling
+    plain = sample(model, positive)
+    always = hooked(None)
+    assert not torch.equal(plain, always), "the LoRA hook has no effect on the tiny model"
+    assert torch.equal(hooked("1, 1, 1, 1"), always), "a constant 1 schedule must equal the unscheduled hook"
+    # Core runs a hooked cond as its own forward pass, so batching may change the last bits.
+    tolerance = 1e-4 * plain.abs().max().item()
+    torch.testing.assert_close(hooked("0, 0, 0, 0"), plain, rtol=0, atol=tolerance)
+    ramp = hooked("0, 0.25, 0.75, 1")
+    assert torch.isfinite(ramp).all()
+    assert (ramp - plain).abs().max() > tolerance and (ramp - always).abs().max() > tolerance
