@@ -1,0 +1,249 @@
+"""Build the bundled UI-format workflows from hand-written API-format sources, with the real frontend.
+
+    python devtools/build_workflows.py            # every devtools/workflow_sources/*.json -> workflows/
+    python devtools/build_workflows.py NAME ...   # only these (a leading "_" marks a builder test source)
+    python devtools/build_workflows.py --check    # exit 1 if workflows/ is not what the sources give
+
+Why: a workflow file is only as good as the frontend's opinion of it. Writing the UI format by hand
+(widget order, hidden control widgets, slot lists, link tables) invites files that load wrong, so
+each source prompt is loaded into the real frontend (``app.loadApiJson``) in headless Chromium
+against a live ComfyServer, laid out here (left to right by dependency, no overlaps), loaded again
+(``app.loadGraphData``) and exported as the frontend exports it (``app.graphToPrompt().workflow``).
+The builder then checks that the frontend would queue exactly the source prompt, and saves a small
+``workflows/<name>.jpg`` thumbnail for the template browser. Output is deterministic: stable link
+ids, a workflow id derived from the name, seeds set to "fixed", no saved viewport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import devpaths
+from comfy_server import ComfyServer
+from frontend import HEADLESS_SETTINGS, Frontend
+
+SOURCES_DIR = devpaths.ROOT / "devtools" / "workflow_sources"
+TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: drawn above a node's pos
+GAP_X, GAP_Y, ORIGIN = 80, 40, (40.0, 60.0)
+SLOT_HEIGHT = 20  # LiteGraph.NODE_SLOT_HEIGHT
+LAYOUT_PASSES = 3
+THUMBNAIL_WIDTH = 640
+ID_NAMESPACE = uuid.UUID("6f0d3c1e-2a57-4c7e-9a43-5b2f7a1d0c11")
+
+
+class BuildError(RuntimeError):
+    """A source cannot become a bundled workflow; the message names the source and the problem."""
+
+
+# -- layout --------------------------------------------------------------------------------------
+
+
+def _link_ends(workflow: dict[str, Any]) -> list[tuple[Any, int, Any, int]]:
+    """(origin id, origin slot, target id, target slot) per link."""
+    return [(link[1], link[2], link[3], link[4]) for link in workflow.get("links") or []]
+
+
+def _columns(node_ids: list[Any], edges: list[tuple[Any, int, Any, int]]) -> dict[Any, int]:
+    """Longest-path layering; then sources move right, next to their nearest consumer."""
+    origins = {nid: [o for o, _, t, _ in edges if t == nid] for nid in node_ids}
+    column: dict[Any, int] = {}
+
+    def depth(nid: Any, seen: frozenset = frozenset()) -> int:
+        if nid not in column:
+            if nid in seen:
+                raise BuildError(f"the graph has a cycle through node {nid}")
+            column[nid] = 1 + max((depth(o, seen | {nid}) for o in origins[nid]), default=-1)
+        return column[nid]
+
+    for nid in node_ids:
+        depth(nid)
+    for nid in node_ids:
+        consumers = [column[t] for o, _, t, _ in edges if o == nid]
+        if not origins[nid] and consumers:
+            column[nid] = min(consumers) - 1
+    return column
+
+
+def layout(workflow: dict[str, Any]) -> dict[str, Any]:
+    """Place nodes in dependency columns, each near the mean height of its neighbours, none overlapping.
+
+    Within a column nodes keep their id order (the order the source lists them in). The first pass
+    places each node by its inputs; later passes weigh its consumers (as the pass before placed
+    them) too, so loaders and empty latents sit beside what they feed.
+    """
+    nodes = {node["id"]: node for node in workflow["nodes"]}
+    edges = _link_ends(workflow)
+    column = _columns(sorted(nodes), edges)
+    columns = [[nid for nid in sorted(nodes) if column[nid] == col]
+               for col in range(min(column.values(), default=0), max(column.values(), default=-1) + 1)]
+    heights = {nid: node["size"][1] + TITLE_HEIGHT for nid, node in nodes.items()}
+    ys: dict[Any, float] = {}
+    for _ in range(LAYOUT_PASSES):
+        previous, ys = ys, {}
+        for members in columns:
+            _place_column(members, heights, edges, ys, previous)
+    x = ORIGIN[0]
+    for members in columns:
+        for nid in members:
+            nodes[nid]["pos"] = [round(x), round(ys[nid])]
+        x += max(nodes[nid]["size"][0] for nid in members) + GAP_X
+    return workflow
+
+
+def _place_column(members: list[Any], heights: dict[Any, float], edges: list[tuple[Any, int, Any, int]],
+                  ys: dict[Any, float], previous: dict[Any, float]) -> None:
+    """Stack one column top-down in node id order (the source's reading order), each node as near its
+    wanted height as the node above allows."""
+    def wanted(nid: Any) -> float:
+        near = [ys[o] + SLOT_HEIGHT * os for o, os, t, _ in edges if t == nid and o in ys]
+        near += [previous[t] + SLOT_HEIGHT * ts for o, _, t, ts in edges if o == nid and t in previous]
+        return sum(near) / len(near) if near else float("inf")
+
+    cursor = ORIGIN[1] + TITLE_HEIGHT
+    for nid in sorted(members):
+        want = wanted(nid)
+        ys[nid] = cursor if want == float("inf") else max(want, cursor)
+        cursor = ys[nid] + heights[nid] + GAP_Y
+
+
+# -- normalisation -------------------------------------------------------------------------------
+
+
+def normalize(workflow: dict[str, Any], name: str) -> dict[str, Any]:
+    """Stable ids (workflow id from the name, links 1..n by target), no saved viewport."""
+    workflow["id"] = str(uuid.uuid5(ID_NAMESPACE, name))
+    workflow["revision"] = 0
+    (workflow.get("extra") or {}).pop("ds", None)
+    links = sorted(workflow.get("links") or [], key=lambda link: (link[3], link[4], link[1], link[2]))
+    new_id = {link[0]: index for index, link in enumerate(links, start=1)}
+    workflow["links"] = [[new_id[link[0]], *link[1:]] for link in links]
+    for node in workflow["nodes"]:
+        for entry in node.get("inputs") or []:
+            if entry.get("link") is not None:
+                entry["link"] = new_id[entry["link"]]
+        for entry in node.get("outputs") or []:
+            if entry.get("links"):
+                entry["links"] = sorted(new_id[link] for link in entry["links"])
+    workflow["last_link_id"] = len(links)
+    workflow["last_node_id"] = max((int(node["id"]) for node in workflow["nodes"]), default=0)
+    return workflow
+
+
+# -- one workflow --------------------------------------------------------------------------------
+
+
+def _check_queues_source(name: str, source: dict[str, Any], output: dict[str, Any]) -> None:
+    """The frontend must queue exactly the source prompt (titles only where the source sets them)."""
+    def core(prompt: dict[str, Any]) -> dict[str, Any]:
+        return {nid: (node["class_type"], node["inputs"]) for nid, node in prompt.items()}
+
+    if core(output) != core(source):
+        diff = [nid for nid in sorted(set(source) | set(output), key=str)
+                if core(source).get(nid) != core(output).get(nid)]
+        raise BuildError(f"{name}: the built workflow would not queue its source prompt; nodes {diff} "
+                         f"differ:\n source: {[source.get(n) for n in diff]}"
+                         f"\n frontend: {[output.get(n) for n in diff]}")
+    for nid, node in source.items():
+        title = (node.get("_meta") or {}).get("title")
+        if title and output[nid]["_meta"]["title"] != title:
+            raise BuildError(f"{name}: node {nid} lost its title {title!r}")
+
+
+def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str, Any]:
+    """The UI-format workflow for one API-format source, built and checked by the frontend."""
+    known = frontend.registered_node_types()
+    missing = sorted({node["class_type"] for node in source.values()} - known)
+    if missing:
+        raise BuildError(f"{name}: node types {missing} are unknown to the server; is the pack loaded "
+                         f"(see the server log) and are the type names right?")
+    frontend.load_api_prompt(source, name)
+    frontend.set_widget_values("control_after_generate", "fixed")
+    draft = normalize(layout(frontend.graph_to_prompt()["workflow"]), name)
+    frontend.load_workflow(draft, name)
+    errors = frontend.error_messages()
+    if errors:
+        raise BuildError(f"{name}: the frontend reported {errors} when loading the built workflow")
+    result = frontend.graph_to_prompt()
+    _check_queues_source(name, source, result["output"])
+    return normalize(result["workflow"], name)
+
+
+def thumbnail(frontend: Frontend, target: Path) -> Path:
+    """A small JPEG of the graph currently loaded (the template browser's picture)."""
+    from PIL import Image  # ComfyUI's own dependency
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shot = frontend.screenshot_graph(Path(tmp) / "shot.png")
+        image = Image.open(shot).convert("RGB")
+    if image.width > THUMBNAIL_WIDTH:
+        image = image.resize((THUMBNAIL_WIDTH, round(image.height * THUMBNAIL_WIDTH / image.width)),
+                             Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=85, optimize=True)
+    target.write_bytes(buffer.getvalue())
+    return target
+
+
+def dumps(workflow: dict[str, Any]) -> str:
+    return json.dumps(workflow, indent=2, ensure_ascii=False) + "\n"
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def _sources(names: list[str], folder: Path) -> list[Path]:
+    if not names:
+        return sorted(p for p in folder.glob("*.json") if not p.name.startswith("_"))
+    paths = [folder / f"{name.removesuffix('.json')}.json" for name in names]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise BuildError(f"no such source: {missing}; sources live in {folder}")
+    return paths
+
+
+def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> int:
+    sources = _sources(names, sources_dir)
+    stale = []
+    with tempfile.TemporaryDirectory() as scratch, \
+            ComfyServer(Path(scratch), settings=HEADLESS_SETTINGS) as server, \
+            Frontend(server.url) as frontend:
+        for path in sources:
+            name = path.stem
+            workflow = dumps(build_one(frontend, name, json.loads(path.read_text())))
+            target = out_dir / f"{name}.json"
+            if check:
+                if not target.is_file() or json.loads(target.read_text()) != json.loads(workflow):
+                    stale.append(name)
+                continue
+            out_dir.mkdir(parents=True, exist_ok=True)
+            target.write_text(workflow)
+            thumbnail(frontend, target.with_suffix(".jpg"))
+            print(f"built {target.relative_to(out_dir.parent)} (+ .jpg) from {path.name}")
+    if stale:
+        print(f"out of date: {stale}; run 'python devtools/build_workflows.py'", file=sys.stderr)
+    return 1 if stale else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="source names (default: all not starting with '_')")
+    parser.add_argument("--sources", type=Path, default=SOURCES_DIR, help="folder of API-format sources")
+    parser.add_argument("--out", type=Path, default=devpaths.WORKFLOWS_DIR, help="where workflows go")
+    parser.add_argument("--check", action="store_true", help="only report workflows that are out of date")
+    args = parser.parse_args(argv)
+    try:
+        return build(args.names, args.sources, args.out, args.check)
+    except RuntimeError as err:  # BuildError, ComfyServerError, FrontendError
+        print(f"build_workflows: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
