@@ -52,7 +52,10 @@ def comfy(models, tmp_path_factory):
     from comfy.cli_args import args
 
     args.cpu = True
+    # main.py imports the ``utils`` package before ``nodes`` puts comfy/ (with its utils.py) first on
+    # sys.path; do the same, or comfy_extras/nodes_images.py fails to import.
     import folder_paths
+    import utils.extra_config  # noqa: F401
 
     base = devpaths.models_dir()
     folder_paths.add_model_folder_path("checkpoints", str(base / "checkpoints"), is_default=True)
@@ -62,9 +65,11 @@ def comfy(models, tmp_path_factory):
 
     asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
     custom_nodes = devpaths.make_custom_nodes_dir(tmp_path_factory.mktemp("pack"))
-    loaded = asyncio.run(nodes.load_custom_node(str(custom_nodes / devpaths.PACK_NAME)))
+    module_path = str(custom_nodes / devpaths.PACK_NAME)
+    loaded = asyncio.run(nodes.load_custom_node(module_path))
     assert loaded, "ComfyUI failed to load the pack; see the log above for the traceback"
-    return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=sys.modules[devpaths.PACK_NAME])
+    pack = sys.modules[module_path.replace(".", "_x_")]  # where load_custom_node registers a folder
+    return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
 
 
 # ---- tier accounting: every tier must run, and nothing may be skipped on CI ----------------------
@@ -102,3 +107,28 @@ def pytest_sessionfinish(session, exitstatus):
         if empty or skipped:
             print(f"\nCI requires every tier to run: no passing test in {empty}, skips in {skipped}")
             session.exitstatus = 1
+
+
+# ---- T2/T3: one live ComfyUI server per session --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def comfy_server(models):
+    """ComfyUI 0.3.75 in a subprocess with this pack loaded (devtools/comfy_server.py), shared by T2 and T3.
+
+    Images go to output/, the server log to output/logs/test-comfyui.log; the frontend settings keep
+    first-run popups out of the browser tests' way.
+    """
+    from comfy_server import ComfyServer
+    from frontend import HEADLESS_SETTINGS
+
+    output = devpaths.output_dir()
+    log = output / "logs" / "test-comfyui.log"
+    with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def object_info(comfy_server) -> dict:
+    """The live server's ``/object_info``."""
+    return comfy_server.object_info()

@@ -1,0 +1,113 @@
+"""T2: a live ComfyUI server (one per session) loads the pack and runs every bundled workflow.
+
+The server is ComfyUI 0.3.75 started as a user would (``main.py --cpu``) with this repo linked in as
+``custom_nodes/ComfyUI-Patchbay`` (fixture ``comfy_server`` in conftest.py). Workflows are the
+UI-format files in ``workflows/``, converted by devtools/workflow_api.py and queued over HTTP.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import urllib.request
+
+import devpaths
+import pytest
+from comfy_server import ExecutionError
+from workflow_api import workflow_to_prompt
+
+pytestmark = pytest.mark.t2
+
+WORKFLOWS = sorted(devpaths.WORKFLOWS_DIR.glob("*.json"))
+PACK_MODULE = f"custom_nodes.{devpaths.PACK_NAME}"
+# ComfyUI's own audio nodes need torchaudio, which the development environment leaves out on purpose.
+KNOWN_IMPORT_FAILURES = {"nodes_audio.py", "nodes_audio_encoder.py"}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def declared_nodes() -> dict[str, str]:
+    """``{NODE_ID: DISPLAY_NAME}`` of every node class declared in nodes/*.py (read, not imported)."""
+    declared = {}
+    for path in sorted((devpaths.ROOT / "nodes").glob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if isinstance(cls, ast.ClassDef):
+                attrs = {t.id: s.value.value for s in cls.body if isinstance(s, ast.Assign)
+                         for t in s.targets if isinstance(t, ast.Name) and isinstance(s.value, ast.Constant)}
+                if "NODE_ID" in attrs:
+                    declared[attrs["NODE_ID"]] = attrs.get("DISPLAY_NAME")
+    return declared
+
+
+def test_every_pack_node_is_served(object_info):
+    ours = {name: info for name, info in object_info.items() if info.get("python_module") == PACK_MODULE}
+    declared = declared_nodes()
+    assert declared, "no node class with a NODE_ID in nodes/*.py"
+    assert all(node_id.startswith("Patchbay") for node_id in declared), sorted(declared)
+    assert sorted(ours) == sorted(declared), "nodes declared in nodes/*.py and nodes served differ"
+    for node_id, display_name in declared.items():
+        assert ours[node_id]["display_name"] == display_name
+
+
+def startup_log(comfy_server) -> str:
+    """The server log up to "Starting server": imports only, whatever later tests provoke."""
+    return comfy_server.log_text().split("Starting server", 1)[0]
+
+
+def test_server_log_has_no_import_failure_of_ours(comfy_server):
+    log = startup_log(comfy_server)
+    failed = set(re.findall(r"IMPORT FAILED: (\S+)", log))
+    assert failed <= KNOWN_IMPORT_FAILURES, f"unexpected import failures {failed - KNOWN_IMPORT_FAILURES}"
+    cannot = re.findall(r"Cannot import (\S+) module", log)
+    assert all(path.rsplit("/", 1)[-1] in KNOWN_IMPORT_FAILURES for path in cannot), cannot
+    marks = (f"custom_nodes/{devpaths.PACK_NAME}", f'File "{devpaths.ROOT}/')
+    ours = [line for line in log.splitlines() if any(mark in line for mark in marks)]
+    timing = [line for line in ours if re.match(r"\s*[\d.]+ seconds", line)]
+    assert len(timing) == 1 and "IMPORT FAILED" not in timing[0], f"pack import line: {timing}"
+    unexpected = [line for line in ours if line not in timing]
+    assert not unexpected, "the log mentions the pack:\n" + "\n".join(unexpected)
+
+
+def test_template_browser_lists_the_bundled_workflows(comfy_server):
+    listed = comfy_server.get_json("/api/workflow_templates").get(devpaths.PACK_NAME)
+    assert sorted(listed or []) == sorted(path.stem for path in WORKFLOWS)
+    for path in WORKFLOWS:
+        base = f"{comfy_server.url}/api/workflow_templates/{devpaths.PACK_NAME}/{path.stem}"
+        with urllib.request.urlopen(base + ".json", timeout=30) as response:
+            assert json.loads(response.read()) == json.loads(path.read_text())
+        with urllib.request.urlopen(base + ".jpg", timeout=30) as response:
+            assert response.headers["Content-Type"] == "image/jpeg"
+            assert response.read(3) == b"\xff\xd8\xff", f"{path.stem}.jpg is not a JPEG"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_bundled_workflow_runs_and_writes_images(comfy_server, object_info, path):
+    from PIL import Image
+
+    prompt = workflow_to_prompt(json.loads(path.read_text()), object_info)
+    result = comfy_server.run(prompt, timeout=300)
+    assert result.ok, result.error
+    assert result.outputs, f"{path.stem} saved no image"
+    for image_path in result.outputs:
+        assert image_path.read_bytes()[:8] == PNG_SIGNATURE, f"{image_path} is not a PNG"
+        with Image.open(image_path) as image:
+            extrema = image.convert("RGB").getextrema()
+        assert any(low != high for low, high in extrema), f"{image_path} is a single colour {extrema}"
+
+
+def test_execution_error_carries_comfyui_message(comfy_server):
+    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "0, half, 1"}},
+              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    with pytest.raises(ExecutionError, match=r"node 1 \(PatchbayFloatsFromText\).*half"):
+        comfy_server.wait(comfy_server.queue(prompt), timeout=60)
+    result = comfy_server.run(prompt, timeout=60)
+    assert not result.ok and "half" in result.error
+
+
+def test_validation_error_names_node_and_input(comfy_server):
+    prompt = {"1": {"class_type": "PatchbayFloatsRamp",
+                    "inputs": {"start": 0.0, "end": 1.0, "count": 0, "easing": "linear"}},
+              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    result = comfy_server.run(prompt, timeout=60)
+    assert not result.ok
+    assert "node 1 (PatchbayFloatsRamp)" in result.error and "count" in result.error

@@ -1,0 +1,148 @@
+"""T3: the real ComfyUI frontend (1.32.9) in headless Chromium, served by the T2 session's server.
+
+Every bundled workflow must load with no missing node type and no error toast or dialog; its
+screenshot goes to output/screenshots/. The frontend's own ``graphToPrompt()`` is the reference for
+devtools/workflow_api.py: on the bundled workflows, on a graph built here with every quirk the
+converter handles, and on the widget layout of every node type the server offers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import devpaths
+import pytest
+import workflow_api as wa
+
+pytestmark = pytest.mark.t3
+
+WORKFLOWS = sorted(devpaths.WORKFLOWS_DIR.glob("*.json"))
+
+# Core nodes wired with a Reroute chain, a bypassed and a muted node, notes, a group, a PrimitiveNode
+# and a linked widget input, a seed control, an upload widget and a dynamic-prompt comment.
+QUIRK_GRAPH_JS = """async () => {
+  app.graph.clear();
+  const add = (type, pos) => {
+    const node = LiteGraph.createNode(type); node.pos = pos; app.graph.add(node); return node;
+  };
+  const slot = (node, name) => node.inputs.findIndex((i) => i.name === name);
+  const ckpt = add('CheckpointLoaderSimple', [0, 0]);
+  const r1 = add('Reroute', [300, 0]), r2 = add('Reroute', [400, 0]);
+  ckpt.connect(0, r1, 0); r1.connect(0, r2, 0);
+  const lora = add('LoraLoaderModelOnly', [500, 0]); r2.connect(0, lora, 0); lora.mode = 4;
+  const pos = add('CLIPTextEncode', [300, 200]); ckpt.connect(1, pos, 0);
+  pos.widgets.find((w) => w.name === 'text').value = 'a red cat // not sent\\nin a hat /* nor this */';
+  const neg = add('CLIPTextEncode', [300, 450]); ckpt.connect(1, neg, 0);
+  const latent = add('EmptyLatentImage', [300, 700]);
+  const sampler = add('KSampler', [800, 0]);
+  lora.connect(0, sampler, 0); pos.connect(0, sampler, 1); neg.connect(0, sampler, 2);
+  latent.connect(0, sampler, 3);
+  sampler.title = 'Renamed sampler';
+  const steps = add('PrimitiveInt', [500, 400]); steps.widgets[0].value = 3;
+  steps.connect(0, sampler, slot(sampler, 'steps'));
+  const prim = add('PrimitiveNode', [500, 600]); prim.connect(0, sampler, slot(sampler, 'seed'));
+  prim.widgets[0].value = 4242;
+  const decode = add('VAEDecode', [1100, 0]); sampler.connect(0, decode, 0); ckpt.connect(2, decode, 1);
+  decode.mode = 2;
+  const save = add('SaveImage', [1300, 0]); decode.connect(0, save, 0);
+  add('LoadImage', [0, 400]);
+  add('Note', [0, 900]).widgets[0].value = 'a note';
+  add('MarkdownNote', [300, 900]).widgets[0].value = '# notes are never sent';
+  const group = new LiteGraph.LGraphGroup('A group'); group.pos = [-20, -60]; group.size = [700, 400];
+  app.graph.add(group);
+  return JSON.parse(JSON.stringify(await app.graphToPrompt()));
+}"""
+
+
+@pytest.fixture(scope="module")
+def frontend(comfy_server):
+    from frontend import Frontend
+
+    with Frontend(comfy_server.url) as fe:
+        yield fe
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_bundled_workflow_loads_cleanly(frontend, path):
+    workflow = json.loads(path.read_text())
+    assert frontend.missing_node_types(workflow) == [], "node types unknown to the frontend"
+    frontend.load_workflow(workflow, path.stem)
+    assert frontend.error_messages() == [], f"{path.stem}: the frontend showed errors"
+    assert frontend.nodes_with_errors() == [], f"{path.stem}: nodes flagged with errors"
+    assert frontend.evaluate("() => app.graph.nodes.length") == len(workflow["nodes"])
+    shot = frontend.screenshot_graph(devpaths.output_dir() / "screenshots" / f"{path.stem}.png")
+    assert shot.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_converter_equals_frontend_graph_to_prompt(frontend, object_info, path):
+    workflow = json.loads(path.read_text())
+    frontend.load_workflow(workflow, path.stem)
+    reference = frontend.graph_to_prompt()["output"]
+    assert wa.workflow_to_prompt(workflow, object_info) == reference
+
+
+def test_converter_equals_frontend_on_every_quirk(frontend, object_info):
+    exported = frontend.evaluate(QUIRK_GRAPH_JS)
+    output = exported["output"]
+    classes = {entry["class_type"] for entry in output.values()}
+    dropped = {"LoraLoaderModelOnly", "VAEDecode", "Reroute", "Note", "MarkdownNote", "PrimitiveNode"}
+    assert not classes & dropped
+    sampler = next(entry for entry in output.values() if entry["class_type"] == "KSampler")
+    checkpoint = next(nid for nid, entry in output.items() if entry["class_type"] == "CheckpointLoaderSimple")
+    assert sampler["inputs"]["model"] == [checkpoint, 0] and sampler["inputs"]["seed"] == 4242
+    assert sampler["_meta"]["title"] == "Renamed sampler"
+    assert wa.workflow_to_prompt(exported["workflow"], object_info) == output
+
+    frontend.load_workflow(exported["workflow"], "quirks")  # saved and opened again
+    again = frontend.graph_to_prompt()
+    assert again["output"] == output
+    assert wa.workflow_to_prompt(again["workflow"], object_info) == output
+
+
+def test_widget_layout_of_every_node_type_matches_the_frontend(frontend, object_info):
+    layouts = frontend.widget_layouts()
+    assert not set(object_info) - set(layouts), "node types the frontend did not register"
+    mismatched = {}
+    for node_type, definition in object_info.items():
+        if node_type in wa.UNSUPPORTED_TYPES:
+            continue
+        ours = {"widgets": [[w.name, w.stored, w.api] for w in wa.widget_layout(definition)],
+                "inputs": [list(slot) for slot in wa.input_slots(definition)]}
+        if ours != layouts[node_type]:
+            mismatched[node_type] = {"frontend": layouts[node_type], "workflow_api": ours}
+    assert not mismatched, json.dumps(mismatched, indent=1)[:3000]
+
+
+SOURCES = sorted(p for p in (devpaths.ROOT / "devtools" / "workflow_sources").glob("*.json"))
+
+
+def test_every_bundled_workflow_has_a_source():
+    bundled = sorted(path.stem for path in WORKFLOWS)
+    assert bundled == sorted(path.stem for path in SOURCES if not path.name.startswith("_"))
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_builder_output_is_current_and_laid_out(frontend, source):
+    import build_workflows
+
+    built = build_workflows.build_one(frontend, source.stem, json.loads(source.read_text()))
+    bundled = devpaths.WORKFLOWS_DIR / source.name
+    if not source.name.startswith("_"):
+        assert json.loads(bundled.read_text()) == built, (
+            f"{bundled.name} is out of date: run 'python devtools/build_workflows.py {source.stem}'")
+    boxes = {node["id"]: _box(node) for node in built["nodes"]}
+    overlapping = [(a, b) for a in boxes for b in boxes if a < b and _overlap(boxes[a], boxes[b])]
+    assert not overlapping, f"nodes overlap: {overlapping}"
+    backwards = [(link[1], link[3]) for link in built["links"] if boxes[link[1]][2] > boxes[link[3]][0]]
+    assert not backwards, f"links that run right to left: {backwards}"
+
+
+def _box(node: dict) -> tuple[float, float, float, float]:
+    """left, top, right, bottom, title bar included (litegraph draws it above pos)."""
+    (x, y), (w, h) = node["pos"], node["size"]
+    return x, y - 30, x + w, y + h
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
