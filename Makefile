@@ -1,0 +1,42 @@
+# Every target sets up what it needs: devtools/env.sh builds (once) or reuses the cached Python 3.11
+# environment with ComfyUI 0.3.75, and tiny models are generated on first use.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.PHONY: help demo run test lint models workflows env clean
+
+# $(call with_env,FLAGS): enter the environment; sets PY and PATCHBAY_COMFYUI for the rest of the line.
+with_env = env_dir="$$(devtools/env.sh $(1))" && export PATCHBAY_COMFYUI="$$env_dir/comfyui" \
+	&& PY="$$env_dir/venv/bin/python"
+
+help:
+	@echo "make demo    run every bundled workflow on a real ComfyUI (CPU, tiny models) and print a table"
+	@echo "make run     start that ComfyUI with Patchbay loaded and leave it running; prints the URL"
+	@echo "make test    run every test tier (t0 pure, t1 in-process, t2 live server, t3 real frontend)"
+	@echo "make lint    ruff over the repo"
+	@echo "make models  generate the tiny test models into .cache/models"
+	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
+
+demo:
+	@$(call with_env) && "$$PY" devtools/demo.py
+
+run:
+	@$(call with_env) && "$$PY" devtools/demo.py --serve
+
+test:
+	@$(call with_env,--browser) && "$$PY" -m ruff check . && "$$PY" devtools/tiny_models.py \
+		&& "$$PY" -m pytest $(PYTEST_ARGS)
+
+lint:
+	@$(call with_env) && "$$PY" -m ruff check .
+
+models:
+	@$(call with_env) && "$$PY" devtools/tiny_models.py
+
+workflows:
+	@$(call with_env,--browser) && "$$PY" devtools/build_workflows.py
+
+env:
+	@devtools/env.sh --browser
+
+clean:
+	rm -rf .cache output .pytest_cache .ruff_cache
