@@ -7,8 +7,11 @@ Data flow::
                      (the input is never changed); attachments["patchbay"] = PatchbayState
     clone(*args, **kwargs)  -> core's clone (it builds ``self.__class__``, so our class survives);
                                core copies the attachment through PatchbayState.on_model_patcher_clone
-    patch_model(...)        -> core's patch_model, ordered by PatchbayState.patch_order and
-                               PatchbayState.full_load (see patcher/patch_order.py)
+    load(...) (and every other weight operation: partially_unload, add_patches, add_hook_patches,
+    patch_hooks)            -> core's method, with PatchbayState.full_load applied and, for
+                               weight_patch_first, the object patches lifted off the model meanwhile
+                               (see patcher/patch_order.py). Core's patch_model() and partially_load()
+                               both reach load(), so one hook covers every path that loads weights.
 
 The subclass stays minimal and forward compatible: no constructor of its own, ``clone`` passes every
 argument to ``super()``, and only our own attachment is copied.
@@ -17,18 +20,23 @@ argument to ``super()``, and only our own attachment is copied.
 from __future__ import annotations
 
 import copy
+import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import comfy.model_patcher
+
+from .ordering import reorder_registered
+from .patch_order import FULL_LOAD_MODES, PATCH_ORDERS, PatchOrder, lifted_object_patches, resolve_full_load
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
 ATTACHMENT_KEY = "patchbay"
 
-PATCH_ORDERS = ("object_patch_first", "weight_patch_first")
-FULL_LOAD_MODES = ("auto", "enabled", "disabled")
+__all__ = ["FULL_LOAD_MODES", "PATCH_ORDERS", "PatchbayModelPatcher", "PatchbayPatcherMixin", "PatchbayState",
+           "is_upgraded", "set_patch_order", "upgrade"]
 
 
 @dataclass
@@ -48,10 +56,23 @@ class PatchbayState:
 
 
 class PatchbayPatcherMixin:
-    """Mixed into a ModelPatcher class; adds nothing but access to the Patchbay attachment."""
+    """Mixed into a ModelPatcher class: the Patchbay attachment, and the patch order around weight work.
+
+    Every override calls core's method through ``super()`` with its arguments passed through.
+    """
 
     def clone(self, *args, **kwargs):
         return super().clone(*args, **kwargs)
+
+    def add_wrapper_with_key(self, wrapper_type, key, wrapper, *args, **kwargs):
+        """Core's method, then registry priorities re-applied (so they hold for other packs' keys too)."""
+        super().add_wrapper_with_key(wrapper_type, key, wrapper, *args, **kwargs)
+        reorder_registered(self, self.get_attachment(ATTACHMENT_KEY), "wrapper", wrapper_type)
+
+    def add_callback_with_key(self, call_type, key, callback, *args, **kwargs):
+        """Core's method, then registry priorities re-applied (see patcher/registry.py)."""
+        super().add_callback_with_key(call_type, key, callback, *args, **kwargs)
+        reorder_registered(self, self.get_attachment(ATTACHMENT_KEY), "callback", call_type)
 
     @property
     def patchbay(self) -> PatchbayState:
@@ -60,6 +81,35 @@ class PatchbayPatcherMixin:
             state = PatchbayState()
             self.set_attachments(ATTACHMENT_KEY, state)
         return state
+
+    def _own_modules(self) -> AbstractContextManager:
+        """For weight_patch_first: the model's own modules in place of installed object patches."""
+        if self.patchbay.patch_order != "weight_patch_first":
+            return nullcontext()
+        return lifted_object_patches(self.model, self.object_patches_backup)
+
+    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False,
+             *args, **kwargs):
+        full_load = resolve_full_load(self.patchbay.full_load, full_load)
+        with self._own_modules():
+            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load,
+                                *args, **kwargs)
+
+    def partially_unload(self, *args, **kwargs):
+        with self._own_modules():
+            return super().partially_unload(*args, **kwargs)
+
+    def add_patches(self, *args, **kwargs):
+        with self._own_modules():
+            return super().add_patches(*args, **kwargs)
+
+    def add_hook_patches(self, *args, **kwargs):
+        with self._own_modules():
+            return super().add_hook_patches(*args, **kwargs)
+
+    def patch_hooks(self, *args, **kwargs):
+        with self._own_modules():
+            return super().patch_hooks(*args, **kwargs)
 
 
 class PatchbayModelPatcher(PatchbayPatcherMixin, comfy.model_patcher.ModelPatcher):
@@ -95,4 +145,24 @@ def upgrade(model: ModelPatcher) -> ModelPatcher:
     clone = model.clone()
     clone.__class__ = patchbay_class_for(type(clone))
     _ = clone.patchbay  # create the attachment
+    return clone
+
+
+def set_patch_order(model: ModelPatcher, patch_order: str = "weight_patch_first",
+                    full_load: str = "auto") -> ModelPatcher:
+    """A Patchbay clone of ``model`` that applies its patches in ``patch_order`` and loads per ``full_load``.
+
+    patch_order: "object_patch_first" (ComfyUI's order) or "weight_patch_first" (LoRAs and hooks
+        patch the model's own weights; object patches, e.g. a ``torch.compile``d diffusion_model,
+        wrap them). full_load: "auto", "enabled" or "disabled" (see patcher/patch_order.py).
+    Raises PatchOrderError (a ValueError) naming the allowed values. ``model`` is not changed. When
+    the setting differs from the input's, the clone gets a fresh ``patches_uuid`` (as ``add_patches``
+    does), so a model that is already loaded is re-patched in the new order on its next load.
+    """
+    wanted = PatchOrder(patch_order, full_load)
+    previous = model.patchbay if is_upgraded(model) else PatchbayState()
+    clone = upgrade(model)
+    clone.patchbay.patch_order, clone.patchbay.full_load = wanted.patch_order, wanted.full_load
+    if (previous.patch_order, previous.full_load) != (wanted.patch_order, wanted.full_load):
+        clone.patches_uuid = uuid.uuid4()
     return clone

@@ -24,10 +24,13 @@ import devpaths  # noqa: E402
 
 
 def _import_pack_without_init() -> types.ModuleType:
-    if "patchbay" not in sys.modules:
-        package = types.ModuleType("patchbay")
-        package.__path__ = [str(ROOT)]
-        sys.modules["patchbay"] = package
+    # nodes/__init__.py is the registration loop: it imports every node module, ComfyUI-bound ones
+    # too (nodes/patcher.py needs comfy.model_patcher), so T0 reaches nodes/floats.py past it.
+    for name, path in (("patchbay", ROOT), ("patchbay.nodes", ROOT / "nodes")):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(path)]
+            sys.modules[name] = package
     return sys.modules["patchbay"]
 
 
@@ -132,3 +135,23 @@ def comfy_server(models):
 def object_info(comfy_server) -> dict:
     """The live server's ``/object_info``."""
     return comfy_server.object_info()
+
+
+# ---- the repo root is a ComfyUI pack, not a test package -------------------------------------------
+
+
+class _PackRootIsADirectory:
+    """Collect the repo root as a plain directory. As a Package (it has an ``__init__.py``) pytest would
+    import the pack's ``__init__.py`` before the first test, outside ComfyUI, where ``comfy`` is not
+    importable; the pack is imported only as ComfyUI imports it (fixture ``comfy``). Registered as a
+    plugin, not a conftest hook, because conftest hooks are not asked about their parent directory."""
+
+    @staticmethod
+    def pytest_collect_directory(path, parent):
+        if path == ROOT:
+            return pytest.Dir.from_parent(parent, path=path)
+        return None
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_PackRootIsADirectory(), "patchbay-pack-root-is-a-directory")
