@@ -5,9 +5,9 @@ Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_
 
 from __future__ import annotations
 
-from . import floats
+from . import floats, patcher
 
-_MODULES = (floats,)
+_MODULES = (floats, patcher)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

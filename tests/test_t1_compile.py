@@ -1,0 +1,115 @@
+"""T1: torch.compile (inductor, CPU) with LoRAs: what weight_patch_first fixes, and no recompiles.
+
+The tiny UNet is compiled once for the module and installed the way KJNodes-era workflows did it:
+``model.add_object_patch("diffusion_model", torch.compile(...))``. A counting backend wraps inductor,
+so every graph inductor compiles is seen. Sampling is 2 euler steps on an 8x8 latent.
+
+Cost on 2 CPU cores: the first compiled run takes ~115 s with a cold inductor cache and ~20 s warm
+(the on-disk FX graph cache in /tmp/torchinductor_$USER); every later run well under a second.
+ComfyUI's CPU attention (sub-quadratic) asks psutil for free memory, which splits the UNet into
+~54 graphs (on a GPU, PyTorch attention does not).
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.t1
+
+CKPT = "patchbay-sd15-tiny-a.safetensors"
+LORA = "patchbay-lora-r4.safetensors"
+
+
+@pytest.fixture(scope="module")
+def run(comfy):
+    import comfy.model_management as mm
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx
+
+    n = comfy.nodes.NODE_CLASS_MAPPINGS
+    model, clip, _vae = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
+    (lora,) = n["LoraLoaderModelOnly"]().load_lora_model_only(model, LORA, 1.0)
+    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight in armor")
+    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
+    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
+    graphs: list[int] = []
+
+    def counting_inductor(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model.get_model_object("diffusion_model"), backend=counting_inductor,
+                             dynamic=False)
+
+    def sample(patcher, seed: int = 1, pos=positive, neg=negative) -> torch.Tensor:
+        mm.unload_all_models()  # every run loads its model afresh
+        (out,) = n["KSampler"]().sample(patcher, seed, 2, 7.0, "euler", "normal", pos, neg, latent)
+        return out["samples"]
+
+    def with_compiled_unet(patcher):
+        clone = patcher.clone()
+        clone.add_object_patch("diffusion_model", compiled)
+        return clone
+
+    def compilations() -> tuple[int, int]:
+        return len(graphs), counters["stats"]["unique_graphs"]
+
+    mp = importlib.import_module(f"{comfy.pack.__name__}.patcher.model_patcher")
+    plain, with_lora = sample(model), sample(lora)
+    compiled_lora = sample(with_compiled_unet(mp.set_patch_order(lora, "weight_patch_first")))  # compiles
+    yield types.SimpleNamespace(
+        n=n, model=model, lora=lora, positive=positive, negative=negative, sample=sample,
+        with_compiled_unet=with_compiled_unet, compilations=compilations, first_compile=compilations(),
+        mp=mp, plain=plain, with_lora=with_lora, compiled_lora=compiled_lora)
+    mm.unload_all_models()
+    torch._dynamo.reset()
+
+
+def close_to(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    atol = 1e-3 * expected.abs().max().item()
+    return torch.allclose(actual, expected, rtol=1e-3, atol=atol)
+
+
+def test_weight_patch_first_lora_on_compiled_unet_matches_uncompiled(run):
+    assert not close_to(run.with_lora, run.plain), "the LoRA has no visible effect on the tiny model"
+    assert run.first_compile[0] > 0, "the compiled UNet never ran"
+    torch.testing.assert_close(run.compiled_lora, run.with_lora, rtol=1e-3,
+                               atol=1e-3 * run.with_lora.abs().max().item())
+
+
+def test_core_order_silently_drops_the_lora_on_compiled_unet(run):
+    """ComfyUI 0.3.75 still has the bug: loading walks the compiled module's ``_orig_mod.`` names."""
+    out = run.sample(run.with_compiled_unet(run.lora))
+    assert close_to(out, run.plain) and not close_to(out, run.with_lora)
+    ours = run.sample(run.with_compiled_unet(run.mp.set_patch_order(run.lora, "object_patch_first")))
+    assert close_to(ours, run.plain)
+
+
+def test_lora_hook_on_compiled_unet(run):
+    """Hooks patch weights during sampling: weight_patch_first lets them reach the compiled UNet too
+    (a hook on both prompts equals LoraLoader)."""
+    n = run.n
+    (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
+    (pos,) = n["ConditioningSetProperties"]().set_properties(run.positive, 1.0, "default", hooks=hooks)
+    (neg,) = n["ConditioningSetProperties"]().set_properties(run.negative, 1.0, "default", hooks=hooks)
+    core = run.sample(run.with_compiled_unet(run.model), pos=pos, neg=neg)
+    assert close_to(core, run.plain), "core now applies hooks through a compiled object patch"
+    ours = run.with_compiled_unet(run.mp.set_patch_order(run.model, "weight_patch_first"))
+    assert close_to(run.sample(ours, pos=pos, neg=neg), run.with_lora)
+
+
+def test_new_seed_does_not_recompile(run):
+    ours = run.with_compiled_unet(run.mp.set_patch_order(run.lora, "weight_patch_first"))
+    second = run.sample(ours, seed=2)
+    assert not torch.equal(run.compiled_lora, second)
+    assert run.compilations() == run.first_compile, "inductor compiled again"
+
+
+def test_no_recompile_across_orders_and_hooks(run):
+    """Runs after the others (file order): the core order, a hook, a new seed reused the first graphs."""
+    assert run.compilations() == run.first_compile, "inductor compiled again"
