@@ -75,6 +75,23 @@ def comfy(models, tmp_path_factory):
     return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
 
 
+@pytest.fixture(scope="session")
+def weights_digest():
+    """sha256 over a patcher's model state dict (names and raw bytes): equal means byte-identical."""
+    import hashlib
+
+    import torch
+
+    def digest(patcher) -> str:
+        h = hashlib.sha256()
+        for key, tensor in sorted(patcher.model.state_dict().items()):
+            h.update(key.encode())
+            h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    return digest
+
+
 # ---- tier accounting: every tier must run, and nothing may be skipped on CI ----------------------
 
 TIERS = ("t0", "t1", "t2", "t3")

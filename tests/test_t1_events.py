@@ -13,7 +13,6 @@ checks the denoise rule: its 3 steps are reported as the tail of the int(3 / 0.1
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import logging
 import types
@@ -199,14 +198,6 @@ def test_schedule_matching_on_real_schedules(pb, env):
     assert (custom.known, custom.first_step, custom.total_steps) == (False, 0, 3)
 
 
-def weights_digest(patcher) -> str:
-    digest = hashlib.sha256()
-    for key, tensor in sorted(patcher.model.state_dict().items()):
-        digest.update(key.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def hooked_positive(env, strengths=None):
     n = env.nodes
     (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
@@ -217,7 +208,7 @@ def hooked_positive(env, strengths=None):
     return cond, hooks
 
 
-def test_listener_error_propagates_with_its_traceback_and_leaves_the_model(pb, env):
+def test_listener_error_propagates_with_its_traceback_and_leaves_the_model(pb, env, weights_digest):
     m = pb.model_patcher.upgrade(env.model)
 
     def failing_listener(event):

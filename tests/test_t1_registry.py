@@ -8,7 +8,6 @@ as they were.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import types
 
@@ -47,14 +46,6 @@ def env(comfy, models):
 
     return types.SimpleNamespace(model=model, clip=clip, sample=sample, hooked_positive=hooked_positive,
                                  nodes=n)
-
-
-def weights_digest(patcher) -> str:
-    digest = hashlib.sha256()
-    for key, tensor in sorted(patcher.model.state_dict().items()):
-        digest.update(key.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def recorder(log: list, name: str):
@@ -261,7 +252,7 @@ def test_bad_input_gets_typed_errors_and_changes_nothing(pb, env, call, error, m
     assert pb.registry.registrations(m) == before
 
 
-def test_raising_wrapper_propagates_and_leaves_model_and_registry_as_they_were(pb, env):
+def test_raising_wrapper_propagates_and_leaves_model_and_registry_as_they_were(pb, env, weights_digest):
     m = pb.model_patcher.upgrade(env.model)
     seen = {}
 
