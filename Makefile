@@ -2,7 +2,7 @@
 # environment with ComfyUI 0.3.75, and tiny models are generated on first use.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test lint models workflows env clean
+.PHONY: help demo run test lint models workflows env clean bench-hooks
 
 # $(call with_env,FLAGS): enter the environment; sets PY and PATCHBAY_COMFYUI for the rest of the line.
 with_env = env_dir="$$(devtools/env.sh $(1))" && export PATCHBAY_COMFYUI="$$env_dir/comfyui" \
@@ -15,6 +15,7 @@ help:
 	@echo "make lint    ruff over the repo"
 	@echo "make models  generate the tiny test models into .cache/models"
 	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
+	@echo "make bench-hooks  time LoRA hooks (plain, LoraLoader, core, Patchbay); not CI. BENCH_ARGS=--quick"
 
 demo:
 	@$(call with_env) && "$$PY" devtools/demo.py
@@ -34,6 +35,9 @@ models:
 
 workflows:
 	@$(call with_env,--browser) && "$$PY" devtools/build_workflows.py
+
+bench-hooks:
+	@$(call with_env) && "$$PY" devtools/bench_hooks.py $(BENCH_ARGS)
 
 env:
 	@devtools/env.sh --browser

@@ -1,0 +1,337 @@
+"""Benchmark: LoRA hooks, core vs Patchbay vs LoraLoader vs no hooks (issue 4). Not part of CI.
+
+Run ``make bench-hooks`` (or ``python devtools/bench_hooks.py [--rounds N] [--quick]`` inside the
+environment that devtools/env.sh makes). ComfyUI is imported in-process on the CPU the way
+tests/conftest.py's ``comfy`` fixture does it; the tiny checkpoint samples 10 euler steps at CFG 7 on
+8x8 and 16x16 latents, with torch pinned to one thread.
+
+Scenarios (each times the *same* workflow per contender; only how the LoRA is applied differs):
+  positive_lora       one LoRA hook on the positive prompt
+  scheduled_lora      the same with a 4-keyframe strength schedule (1, 0.75, 0.5, 0.25)
+  regional_two_loras  two masked regions (left/right halves), one LoRA hook each
+  seed_rerun          positive_lora run once, then re-queued with a new seed; only the re-run is timed
+
+Contenders build the sampling inputs (model, positive, negative) from real ComfyUI nodes:
+  nohook      plain; for regional, the same two masked regions without hooks
+  loraloader  the LoRA(s) baked with LoraLoader at strength 1 (strength_clip 0). Not an exact
+              equivalent for scheduled_lora (no schedule) nor regional_two_loras (both LoRAs baked
+              into the whole model, regions kept) nor for positive-only (baked = positive+negative);
+              it is the cost floor a hook engine is compared against.
+  core        core hook nodes: CreateHookLora, CreateHookKeyframesFromFloats + SetHookKeyframes,
+              ConditioningSetProperties (with masks for regions), ConditioningCombine
+  patchbay    slot for the Patchbay hook engine; not implemented yet (issue 4): reports null
+
+Timing: only the KSampler call is timed (time.perf_counter), which includes ComfyUI's model load and
+patching and, for core, hook registration at sample time. Contenders are interleaved round-robin
+over ``--rounds`` rounds after one untimed warm-up round; medians are reported. For seed_rerun each
+round builds fresh inputs, samples once with seed 1 (untimed), then times seed 2 with the same
+inputs: in the server only KSampler re-executes on a seed change (the hook/LoRA nodes are cached),
+which is what calling the same objects again models. In-process node calls skip the executor's
+caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole queue latency.
+
+Memory: each (scenario, contender) runs in its own short subprocess (``--probe``) that does the same
+build + sampling once (twice for seed_rerun) at 16x16 and reports its peak RSS (resource.ru_maxrss);
+"over plain" is that peak minus the peak of the scenario's ``nohook`` probe. In-process RSS deltas
+would be meaningless (the peak only ever grows, and allocators keep freed memory).
+
+Timings on a shared 2-core machine are noisy; read the ratios, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SCENARIOS = ("positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun")
+CONTENDERS = ("nohook", "loraloader", "core", "patchbay")
+JSON_KEYS = ("patchbay_s", "core_s", "nohook_s", "loraloader_s", "patchbay_rss_mb_over_plain",
+             "lora_files_mb")
+CKPT = "patchbay-sd15-tiny-a.safetensors"
+LORA_A = "patchbay-lora-r4.safetensors"
+LORA_B = "patchbay-lora-r16.safetensors"
+SCHEDULE = [1.0, 0.75, 0.5, 0.25]
+STEPS, CFG, SAMPLER, SCHEDULER = 10, 7.0, "euler", "normal"
+SIZES = (8, 16)  # latent side; pixels = 8x
+NOT_IMPLEMENTED = "not implemented yet (issue 4)"
+MEMORY_METHOD = ("peak RSS (ru_maxrss) of a fresh subprocess per scenario/contender at 16x16, "
+                 "minus the same scenario's nohook subprocess")
+
+
+class NotImplementedContender(Exception):
+    """A contender that has no implementation yet; its figures are reported as null."""
+
+
+def scenario_loras(scenario: str) -> list[str]:
+    return [LORA_A, LORA_B] if scenario == "regional_two_loras" else [LORA_A]
+
+
+def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict) -> str:
+    """The final JSON line. ``medians[scenario][contender]`` is seconds or None (missing = None);
+    ``rss_over_plain_mb[scenario][contender]`` likewise; ``lora_files_mb[scenario]`` is a float."""
+    def r(value, digits):
+        return None if value is None else round(float(value), digits)
+
+    scenarios = {}
+    for name in SCENARIOS:
+        m = medians.get(name, {})
+        scenarios[name] = {
+            "patchbay_s": r(m.get("patchbay"), 4),
+            "core_s": r(m.get("core"), 4),
+            "nohook_s": r(m.get("nohook"), 4),
+            "loraloader_s": r(m.get("loraloader"), 4),
+            "patchbay_rss_mb_over_plain": r(rss_over_plain_mb.get(name, {}).get("patchbay"), 2),
+            "lora_files_mb": r(lora_files_mb.get(name), 3),
+        }
+    assert all(tuple(figures) == JSON_KEYS for figures in scenarios.values())
+    return json.dumps({"bench": "hooks", "scenarios": scenarios}, separators=(", ", ": "))
+
+
+# ---- ComfyUI in-process ---------------------------------------------------------------------------
+
+
+def init_comfy():
+    """Import ComfyUI on the CPU like tests/conftest.py's ``comfy`` fixture; returns the node mappings."""
+    import asyncio
+
+    import devpaths
+    import tiny_models
+
+    tiny_models.ensure_models(devpaths.models_dir())
+    comfy_dir = devpaths.comfyui_dir()
+    if str(comfy_dir) not in sys.path:
+        sys.path.insert(0, str(comfy_dir))
+    from comfy.cli_args import args
+
+    args.cpu = True
+    import folder_paths
+    import utils.extra_config  # noqa: F401  (before nodes, as main.py does)
+
+    base = devpaths.models_dir()
+    folder_paths.add_model_folder_path("checkpoints", str(base / "checkpoints"), is_default=True)
+    folder_paths.add_model_folder_path("loras", str(base / "loras"), is_default=True)
+    import comfy.utils
+
+    import nodes
+
+    comfy.utils.PROGRESS_BAR_ENABLED = False  # no tqdm bars between the table rows
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+    return nodes.NODE_CLASS_MAPPINGS
+
+
+class Bench:
+    """Loads the checkpoint and prompts once; contenders build per-scenario inputs from them."""
+
+    def __init__(self, n):
+        import torch
+
+        self.n = n
+        self.torch = torch
+        self.model, self.clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
+        (self.positive,) = n["CLIPTextEncode"]().encode(self.clip, "a knight in armor")
+        (self.negative,) = n["CLIPTextEncode"]().encode(self.clip, "blurry")
+        (self.left,) = n["CLIPTextEncode"]().encode(self.clip, "a red castle")
+        (self.right,) = n["CLIPTextEncode"]().encode(self.clip, "a green forest")
+
+    def latent(self, side: int):
+        (latent,) = self.n["EmptyLatentImage"]().generate(side * 8, side * 8, 1)
+        return latent
+
+    def masks(self, side: int):
+        left = self.torch.zeros((1, side * 8, side * 8))
+        left[:, :, : side * 4] = 1.0
+        return left, 1.0 - left
+
+    def sample(self, inputs, latent, seed: int):
+        model, positive, negative = inputs
+        (out,) = self.n["KSampler"]().sample(
+            model, seed, STEPS, CFG, SAMPLER, SCHEDULER, positive, negative, latent)
+        return out
+
+    # -- regions without hooks (nohook / loraloader for regional_two_loras)
+    def _regions(self, side: int, hooks=(None, None)):
+        n = self.n
+        mask_l, mask_r = self.masks(side)
+        if hooks == (None, None):
+            (a,) = n["ConditioningSetMask"]().append(self.left, mask_l, "default", 1.0)
+            (b,) = n["ConditioningSetMask"]().append(self.right, mask_r, "default", 1.0)
+        else:
+            props = n["ConditioningSetProperties"]()
+            (a,) = props.set_properties(self.left, 1.0, "default", mask=mask_l, hooks=hooks[0])
+            (b,) = props.set_properties(self.right, 1.0, "default", mask=mask_r, hooks=hooks[1])
+        (combined,) = n["ConditioningCombine"]().combine(a, b)
+        return combined
+
+    # -- contenders: (scenario, side) -> (model, positive, negative)
+    def nohook(self, scenario: str, side: int):
+        if scenario == "regional_two_loras":
+            return self.model, self._regions(side), self.negative
+        return self.model, self.positive, self.negative
+
+    def loraloader(self, scenario: str, side: int):
+        model = self.model
+        for lora in scenario_loras(scenario):
+            model, _clip = self.n["LoraLoader"]().load_lora(model, self.clip, lora, 1.0, 0.0)
+        if scenario == "regional_two_loras":
+            return model, self._regions(side), self.negative
+        return model, self.positive, self.negative
+
+    def core(self, scenario: str, side: int):
+        n = self.n
+        if scenario == "regional_two_loras":
+            (hooks_a,) = n["CreateHookLora"]().create_hook(LORA_A, 1.0, 1.0)
+            (hooks_b,) = n["CreateHookLora"]().create_hook(LORA_B, 1.0, 1.0)
+            return self.model, self._regions(side, (hooks_a, hooks_b)), self.negative
+        (hooks,) = n["CreateHookLora"]().create_hook(LORA_A, 1.0, 1.0)
+        if scenario == "scheduled_lora":
+            (kf,) = n["CreateHookKeyframesFromFloats"]().create_hook_keyframes(list(SCHEDULE), 0.0, 1.0)
+            (hooks,) = n["SetHookKeyframes"]().set_hook_keyframes(hooks, kf)
+        props = n["ConditioningSetProperties"]()
+        (positive,) = props.set_properties(self.positive, 1.0, "default", hooks=hooks)
+        return self.model, positive, self.negative
+
+    def patchbay(self, scenario: str, side: int):
+        # SLOT for the Patchbay hook engine (issue 4): build the same workflow with Patchbay's hook
+        # nodes here once they exist. Until then no figure is reported (null), never a stand-in.
+        raise NotImplementedContender(NOT_IMPLEMENTED)
+
+    def run_once(self, contender: str, scenario: str, side: int, seeds=(1, 2)) -> float:
+        """Build the inputs (untimed) and time one KSampler call; seed_rerun times the second seed."""
+        inputs = getattr(self, contender)(scenario, side)
+        latent = self.latent(side)
+        if scenario == "seed_rerun":
+            self.sample(inputs, latent, seeds[0])
+            seed = seeds[1]
+        else:
+            seed = seeds[0]
+        start = time.perf_counter()
+        self.sample(inputs, latent, seed)
+        return time.perf_counter() - start
+
+
+def lora_files_mb(scenario: str) -> float:
+    import devpaths
+
+    folder = devpaths.models_dir() / "loras"
+    return sum((folder / name).stat().st_size for name in scenario_loras(scenario)) / 2**20
+
+
+def probe(scenario: str, contender: str, side: int) -> None:
+    """Subprocess body: build + sample once (twice for seed_rerun), print peak RSS as JSON."""
+    import resource
+
+    bench = Bench(init_comfy())
+    try:
+        bench.run_once(contender, scenario, side)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except NotImplementedContender:
+        peak_mb = None
+    print(json.dumps({"probe": [scenario, contender], "peak_rss_mb": peak_mb}))
+
+
+def run_probes(side: int, jobs: int) -> dict:
+    """Peak RSS over the scenario's nohook probe, per scenario and contender (None where missing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(key):
+        scenario, contender = key
+        if contender == "patchbay":
+            return key, None  # no engine yet: nothing to probe
+        cmd = [sys.executable, __file__, "--probe", scenario, contender, "--side", str(side)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        for line in reversed(proc.stdout.splitlines()):
+            if line.startswith('{"probe"'):
+                return key, json.loads(line)["peak_rss_mb"]
+        print(f"probe {key} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return key, None
+
+    keys = [(s, c) for s in SCENARIOS for c in CONTENDERS]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        peaks = dict(pool.map(one, keys))
+    over: dict = {}
+    for scenario in SCENARIOS:
+        base = peaks[(scenario, "nohook")]
+        over[scenario] = {}
+        for c in CONTENDERS:
+            peak = peaks[(scenario, c)]
+            over[scenario][c] = None if base is None or peak is None else peak - base
+    return over
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default 5)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 8x8 only")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocess probes")
+    parser.add_argument("--probe-jobs", type=int, default=1, help="memory probes run in parallel")
+    parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", type=int, default=16, help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    if opts.probe:
+        probe(opts.probe[0], opts.probe[1], opts.side)
+        return 0
+
+    rounds = 1 if opts.quick else opts.rounds
+    sizes = (8,) if opts.quick else SIZES
+    bench = Bench(init_comfy())
+    times: dict = {(s, side, c): [] for s in SCENARIOS for side in sizes for c in CONTENDERS}
+    missing: set = set()
+    for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
+        for side in sizes:
+            for scenario in SCENARIOS:
+                for contender in CONTENDERS:  # round-robin: every contender once per scenario per round
+                    if contender in missing:
+                        continue
+                    try:
+                        elapsed = bench.run_once(contender, scenario, side, seeds=(1 + 2 * rnd, 2 + 2 * rnd))
+                    except NotImplementedContender as exc:
+                        print(f"{contender}: {exc}", file=sys.stderr)
+                        missing.add(contender)
+                        continue
+                    if rnd:
+                        times[(scenario, side, contender)].append(elapsed)
+        if rnd:
+            print(f"round {rnd}/{rounds} done", file=sys.stderr)
+
+    med = {k: (statistics.median(v) if v else None) for k, v in times.items()}
+    print(f"\nhooks benchmark: tiny SD1.5 checkpoint, {STEPS} {SAMPLER} steps, CFG {CFG}, torch threads 1, "
+          f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine)")
+    print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8}")
+    for scenario in SCENARIOS:
+        for side in sizes:
+            plain = med[(scenario, side, "nohook")]
+            for contender in CONTENDERS:
+                m = med[(scenario, side, contender)]
+                missing_row = f"{'-':>9} {'-':>8}  {NOT_IMPLEMENTED}"
+                row = missing_row if m is None else f"{m:>9.4f} {m / plain:>8.2f}"
+                latent = f"{side}x{side}"
+                print(f"{scenario:<20} {latent:<7} {contender:<11} {row}")
+
+    json_side = 16 if 16 in sizes else sizes[-1]
+    rss: dict = {}
+    if not opts.no_memory:
+        method = MEMORY_METHOD.replace("16x16", f"{json_side}x{json_side}")
+        print(f"\npeak memory over plain (MB), method: {method}")
+        rss = run_probes(json_side, opts.probe_jobs)
+        print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
+        for scenario in SCENARIOS:
+            cells = " ".join(f"{'-' if rss[scenario][c] is None else format(rss[scenario][c], '.1f'):>11}"
+                             for c in CONTENDERS)
+            print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
+    if json_side != 16:
+        print(f"(--quick: the JSON line carries {json_side}x{json_side} figures, not 16x16)")
+    medians = {s: {c: med[(s, json_side, c)] for c in CONTENDERS} for s in SCENARIOS}
+    print(json_line(medians, rss, {s: lora_files_mb(s) for s in SCENARIOS}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
