@@ -96,30 +96,15 @@ def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict) -> st
 
 def init_comfy():
     """Import ComfyUI on the CPU like tests/conftest.py's ``comfy`` fixture; returns the node mappings."""
-    import asyncio
-
+    import comfy_inprocess
     import devpaths
     import tiny_models
 
     tiny_models.ensure_models(devpaths.models_dir())
-    comfy_dir = devpaths.comfyui_dir()
-    if str(comfy_dir) not in sys.path:
-        sys.path.insert(0, str(comfy_dir))
-    from comfy.cli_args import args
-
-    args.cpu = True
-    import folder_paths
-    import utils.extra_config  # noqa: F401  (before nodes, as main.py does)
-
-    base = devpaths.models_dir()
-    folder_paths.add_model_folder_path("checkpoints", str(base / "checkpoints"), is_default=True)
-    folder_paths.add_model_folder_path("loras", str(base / "loras"), is_default=True)
+    nodes = comfy_inprocess.start_comfy()
     import comfy.utils
 
-    import nodes
-
     comfy.utils.PROGRESS_BAR_ENABLED = False  # no tqdm bars between the table rows
-    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
     return nodes.NODE_CLASS_MAPPINGS
 
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import types
@@ -49,29 +48,12 @@ def models():
 @pytest.fixture(scope="session")
 def comfy(models, tmp_path_factory):
     """ComfyUI imported in-process on the CPU with this pack loaded as a custom node."""
-    comfy_dir = devpaths.comfyui_dir()
-    if str(comfy_dir) not in sys.path:
-        sys.path.insert(0, str(comfy_dir))
-    from comfy.cli_args import args
+    import comfy_inprocess
 
-    args.cpu = True
-    # main.py imports the ``utils`` package before ``nodes`` puts comfy/ (with its utils.py) first on
-    # sys.path; do the same, or comfy_extras/nodes_images.py fails to import.
+    nodes = comfy_inprocess.start_comfy(output_dir=tmp_path_factory.mktemp("comfy_output"))
+    pack = comfy_inprocess.load_pack(nodes, tmp_path_factory.mktemp("pack"))
     import folder_paths
-    import utils.extra_config  # noqa: F401
 
-    base = devpaths.models_dir()
-    folder_paths.add_model_folder_path("checkpoints", str(base / "checkpoints"), is_default=True)
-    folder_paths.add_model_folder_path("loras", str(base / "loras"), is_default=True)
-    folder_paths.set_output_directory(str(tmp_path_factory.mktemp("comfy_output")))
-    import nodes
-
-    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
-    custom_nodes = devpaths.make_custom_nodes_dir(tmp_path_factory.mktemp("pack"))
-    module_path = str(custom_nodes / devpaths.PACK_NAME)
-    loaded = asyncio.run(nodes.load_custom_node(module_path))
-    assert loaded, "ComfyUI failed to load the pack; see the log above for the traceback"
-    pack = sys.modules[module_path.replace(".", "_x_")]  # where load_custom_node registers a folder
     return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
 
 
