@@ -1,0 +1,44 @@
+"""What a merge method sees besides its tensors: the key being merged and a per-key cache.
+
+The executor (merge/execute.py) builds one ``KeyContext`` per (method call, key) and passes it as
+``ctx=`` to ``method.fn(*tensors, **scalars, ctx=ctx)``; methods import nothing else from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """Read-only facts about the key a method evaluates, plus a mutable cache.
+
+    - ``key``: the state-dict key being merged (``model.diffusion_model.input_blocks.1.0...``).
+    - ``cache``: a dict owned by the executor that persists for this (method call, key) across
+      merges in one process; methods store reusable work there (``rotate`` keeps its
+      decomposition so that changing only ``alpha`` is cheap). The dict itself is mutable.
+    - ``seed``: the merge seed; random methods derive their generator from ``seed`` and ``key``.
+    - ``device``: where the tensors live and the work should happen.
+    """
+
+    key: str = ""
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    seed: int = 0
+    device: torch.device | str = "cpu"
+
+    def generator(self) -> torch.Generator:
+        """A torch generator seeded from ``seed`` and ``key`` (stable across processes)."""
+        gen = torch.Generator(device=torch.device(self.device))
+        gen.manual_seed(key_seed(self.seed, self.key))
+        return gen
+
+
+def key_seed(seed: int, key: str) -> int:
+    """Mix a merge seed and a key name into a 63-bit seed, independent of PYTHONHASHSEED."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
