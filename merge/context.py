@@ -2,6 +2,11 @@
 
 The executor (merge/execute.py) builds one ``KeyContext`` per (method call, key) and passes it as
 ``ctx=`` to ``method.fn(*tensors, **scalars, ctx=ctx)``; methods import nothing else from it.
+
+Absent keys: a method may return ``None`` to say "this key is absent from my output"
+(``pick_component`` / ``omit_component``); a method registered with ``accepts_missing=True``
+(``fallback``) receives ``None`` for an input that has no such key, every other method is skipped
+for that key (the executor applies its missing-key policy).
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ class KeyContext:
       decomposition so that changing only ``alpha`` is cheap). The dict itself is mutable.
     - ``seed``: the merge seed; random methods derive their generator from ``seed`` and ``key``.
     - ``device``: where the tensors live and the work should happen.
+    - ``arch``: the detected architecture of the output (``sd15``, ``sdxl``, ``flux``, ``unknown``);
+      ``pick_component`` / ``omit_component`` need it to know a key's component.
     """
 
     key: str = ""
     cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     seed: int = 0
     device: torch.device | str = "cpu"
+    arch: str = "unknown"
 
     def generator(self) -> torch.Generator:
         """A torch generator seeded from ``seed`` and ``key`` (stable across processes)."""
