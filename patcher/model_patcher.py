@@ -7,6 +7,8 @@ Data flow::
                      (the input is never changed); attachments["patchbay"] = PatchbayState
     clone(*args, **kwargs)  -> core's clone (it builds ``self.__class__``, so our class survives);
                                core copies the attachment through PatchbayState.on_model_patcher_clone
+    register_all_hook_patches -> with the hook engine enabled, WeightHooks it can run are claimed by
+                               it (forward-pass deltas) and only the rest reach core's registration
     load(...) (and every other weight operation: partially_unload, add_patches, add_hook_patches,
     patch_hooks)            -> core's method, with PatchbayState.full_load applied and, for
                                weight_patch_first, the object patches lifted off the model meanwhile
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import comfy.model_patcher
+from comfy.hooks import EnumWeightTarget, HookGroup
 
 from .ordering import reorder_registered
 from .patch_order import FULL_LOAD_MODES, PATCH_ORDERS, PatchOrder, lifted_object_patches, resolve_full_load
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
 ATTACHMENT_KEY = "patchbay"
+HOOK_ENGINE_KEY = "hook_engine"  # PatchbayState.extras key of the hook engine (patcher/hook_engine.py)
 
 __all__ = ["FULL_LOAD_MODES", "PATCH_ORDERS", "PatchbayModelPatcher", "PatchbayPatcherMixin", "PatchbayState",
            "is_upgraded", "set_patch_order", "upgrade"]
@@ -110,6 +114,26 @@ class PatchbayPatcherMixin:
     def patch_hooks(self, *args, **kwargs):
         with self._own_modules():
             return super().patch_hooks(*args, **kwargs)
+
+    def register_all_hook_patches(self, hooks, target_dict, model_options=None, registered=None, *args, **kwargs):
+        """Core's registration, less the WeightHooks the hook engine runs (see patcher/hook_engine.py).
+
+        Claimed hooks are added to ``registered`` (so core keeps them on the conds) but never become
+        hook patches: no weight is swapped for them and ``patches_uuid`` is left alone.
+        """
+        engine = self.patchbay.extras.get(HOOK_ENGINE_KEY)
+        if engine is None or model_options is None or target_dict.get("target") == EnumWeightTarget.Clip:
+            return super().register_all_hook_patches(hooks, target_dict, model_options, registered, *args, **kwargs)
+        claimed = engine.claim(self, hooks, model_options)
+        rest = HookGroup()
+        for hook in hooks.hooks:
+            if hook not in claimed:
+                rest.add(hook)
+        registered = super().register_all_hook_patches(rest, target_dict, model_options, registered,
+                                                       *args, **kwargs)
+        for hook in claimed:
+            registered.add(hook)
+        return registered
 
 
 class PatchbayModelPatcher(PatchbayPatcherMixin, comfy.model_patcher.ModelPatcher):

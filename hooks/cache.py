@@ -1,0 +1,53 @@
+"""A least-recently-used tensor cache with a byte budget (pure).
+
+The hook engine keeps materialised deltas (LoHa, LoKr, DoRA, model-as-LoRA) here, keyed by
+(hook content, weight key, strength where the delta is not linear in it). ``get_or_make`` builds a
+missing entry, stores it when it fits, and evicts the least recently used entries to stay within
+``budget_bytes``; an entry larger than the whole budget is returned without being stored.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+import torch
+
+__all__ = ["TensorCache"]
+
+
+class TensorCache:
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def get_or_make(self, key: Hashable, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if key in self._entries:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        self.misses += 1
+        value = make()
+        size = value.numel() * value.element_size()
+        if size <= self.budget_bytes:
+            while self.bytes + size > self.budget_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.bytes -= old.numel() * old.element_size()
+            self._entries[key] = value
+            self.bytes += size
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0

@@ -1,0 +1,246 @@
+"""The hook engine: ComfyUI's WeightHooks run as forward-pass deltas, all cond groups in one batch.
+
+Data flow (see docs/design-hook-engine.md)::
+
+    sampling starts: CFGGuider.sample -> prepare_model_patcher -> patcher.register_all_hook_patches
+      (our patcher) -> HookEngine.claim(patcher, hooks, model_options)
+          per WeightHook: HookPatches parsed once per (hook content, model) and cached
+          runnable hooks -> RunPlan {hook_ref: index}, {module: ModuleDeltas} (cached per hook set)
+          the rest is left to core (one DEBUG line each, saying why)
+          RunPlan stored in model_options["transformer_options"][RUN_KEY]
+    OUTER_SAMPLE wrapper: forward hooks installed on the plan's modules; removed in ``finally``
+    CALC_COND_BATCH wrapper (each model evaluation):
+          for each cond carrying claimed hooks: advance their keyframes with core's own
+          HookKeyframeGroup.prepare_current_keyframe, record uuid -> per-hook strength
+          (strength_model x keyframe strength), pass core a copy of the cond without those hooks,
+          so every cond group runs in one batched forward pass
+    APPLY_MODEL wrapper: transformer_options["uuids"] -> (chunks, hooks) strengths -> ContextVar
+    forward hook: ModuleDeltas.apply adds each active hook's delta on its rows
+The model's weights are never written: an exception or an interrupt leaves nothing to undo.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import comfy.hooks
+import comfy.utils
+import torch
+
+from .cache import TensorCache
+from .lowrank import ModuleDeltas
+from .plan import HookPatches, PatchKey, build_modules, dense_delta, load_hook_patches
+
+__all__ = ["RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper", "calc_cond_batch_wrapper",
+           "outer_sample_wrapper"]
+
+log = logging.getLogger("patchbay.hooks")
+
+RUN_KEY = "patchbay.hooks.run"
+_PLANS_KEPT = 8
+
+
+@dataclass
+class _Call:
+    run: RunPlan
+    strengths: torch.Tensor
+    host: list[list[float]]
+    active: set[int]
+
+
+_CALL: ContextVar[_Call | None] = ContextVar("patchbay_hook_call", default=None)
+
+
+@dataclass
+class RunPlan:
+    """The claimed hooks of one sampling run and their per-module deltas."""
+
+    index: dict[Any, int]
+    modules: dict[torch.nn.Module, ModuleDeltas]
+    current: dict[Any, list[float]] = field(default_factory=dict)
+    groups: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    handles: list = field(default_factory=list)
+
+    def call_for(self, uuids: Sequence[Any], device: torch.device) -> _Call | None:
+        zeros = [0.0] * len(self.index)
+        host = [self.current.get(u, zeros) for u in uuids]
+        active = {h for row in host for h, value in enumerate(row) if value != 0.0}
+        if not active:
+            return None
+        return _Call(self, torch.tensor(host, dtype=torch.float32, device=device), host, active)
+
+    def install(self) -> None:
+        self.handles = [m.register_forward_hook(_forward_hook) for m in self.modules]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def _forward_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+    call = _CALL.get()
+    if call is None:
+        return None
+    deltas = call.run.modules.get(module)
+    if deltas is None or not (deltas.hooks() & call.active):
+        return None
+    return deltas.apply(module, args[0], output, call.strengths, call.host, call.active)
+
+
+class HookEngine:
+    """Per model family: parsed hooks, per-module plans and the dense-delta cache.
+
+    Shared by every clone of the patcher it was enabled on (``deepcopy`` returns the engine itself),
+    so a re-run with only a new seed finds everything parsed and planned.
+    """
+
+    def __init__(self, cache_bytes: int = 2 << 30) -> None:
+        self.cache = TensorCache(cache_bytes)
+        self._patches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._plans: OrderedDict[tuple, dict] = OrderedDict()
+        self.parses = 0
+        self.plans_built = 0
+
+    def __deepcopy__(self, memo: dict) -> HookEngine:
+        return self
+
+    def hook_patches(self, model: torch.nn.Module, hook: Any) -> HookPatches:
+        per_model = self._patches.setdefault(hook.hook_ref, weakref.WeakKeyDictionary())
+        if model not in per_model:
+            self.parses += 1
+            per_model[model] = load_hook_patches(model, hook)
+        return per_model[model]
+
+    def claim(self, patcher: Any, hooks: Any, model_options: dict) -> list[Any]:
+        """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``."""
+        model = patcher.model
+        claimed: list[Any] = []
+        for hook in hooks.get_type(comfy.hooks.EnumHookType.Weight):
+            hp = self.hook_patches(model, hook)
+            if hp.reason is None:
+                claimed.append(hook)
+            else:
+                log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), hp.reason)
+        if not claimed:
+            return []
+        refs = tuple(dict.fromkeys(h.hook_ref for h in claimed))
+        index = {ref: i for i, ref in enumerate(refs)}
+        modules = self._modules(patcher, refs, [self.hook_patches(model, h) for h in claimed], index, claimed)
+        model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(index, modules)
+        return claimed
+
+    def _modules(self, patcher: Any, refs: tuple, patches: list[HookPatches], index: dict, claimed: list) -> dict:
+        key = (id(patcher.model), *refs)
+        if key in self._plans:
+            self._plans.move_to_end(key)
+            return self._plans[key][1]
+        self.plans_built += 1
+        pairs = [(index[h.hook_ref], hp) for h, hp in zip(claimed, patches)]
+        pairs = list({i: (i, hp) for i, hp in pairs}.values())
+        modules = build_modules(patcher.model, pairs, self._dense_fetcher(patcher))
+        self._plans[key] = (refs, modules)  # refs kept alive with the plan
+        while len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return modules
+
+    def _dense_fetcher(self, patcher: Any):
+        model = patcher.model
+        backup = patcher.backup
+
+        def fetch(index: int, pk: PatchKey, patch: Any, device: torch.device, dtype: torch.dtype,
+                  strength: float) -> torch.Tensor:
+            def make() -> torch.Tensor:
+                entry = backup.get(pk.key)
+                base = entry.weight if entry is not None else comfy.utils.get_attr(model, pk.key)
+                return dense_delta(patch, pk, base.to(device), strength).to(dtype)
+            return self.cache.get_or_make((id(patch), pk.key, pk.offset, device, dtype, strength), make)
+        return fetch
+
+
+def _name(hook: Any) -> str:
+    return f"{type(hook).__name__}@{id(hook.hook_ref):x}"
+
+
+# ---- wrappers (registered by patcher/hook_engine.py under the key "patchbay.hooks") -------------------
+
+def outer_sample_wrapper(executor, *args, **kwargs):
+    run: RunPlan | None = executor.class_obj.model_options.get("transformer_options", {}).get(RUN_KEY)
+    if run is None:
+        return executor(*args, **kwargs)
+    run.install()
+    try:
+        return executor(*args, **kwargs)
+    finally:
+        run.remove()
+        run.current.clear()
+        run.groups.clear()
+
+
+def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options, *args, **kwargs):
+    transformer_options = model_options.get("transformer_options", {})
+    run: RunPlan | None = transformer_options.get(RUN_KEY)
+    if run is None:
+        return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
+    run.current = {}
+    stripped = [None if cond is None else [_strip(run, c, timestep, transformer_options) for c in cond]
+                for cond in conds]
+    return executor(model, stripped, x_in, timestep, model_options, *args, **kwargs)
+
+
+def _strip(run: RunPlan, cond: dict, timestep: torch.Tensor, transformer_options: dict) -> dict:
+    group = cond.get("hooks")
+    if group is None:
+        return cond
+    mine = [h for h in group.hooks if h.hook_ref in run.index]
+    if not mine:
+        return cond
+    if _active(cond, timestep):
+        row = [0.0] * len(run.index)
+        for hook in mine:
+            hook.hook_keyframe.prepare_current_keyframe(curr_t=timestep[0], transformer_options=transformer_options)
+            row[run.index[hook.hook_ref]] += float(hook.strength_model)
+        run.current[cond["uuid"]] = row
+    out = cond.copy()
+    out["hooks"] = _rest(run, group)
+    return out
+
+
+def _rest(run: RunPlan, group: Any) -> Any:
+    """One shared replacement per original HookGroup (core batches conds by group identity)."""
+    cached = run.groups.get(id(group))
+    if cached is None or cached[0] is not group:
+        rest = comfy.hooks.HookGroup()
+        for hook in group.hooks:
+            if hook.hook_ref not in run.index:
+                rest.add(hook)
+        cached = (group, rest if len(rest) else None)
+        run.groups[id(group)] = cached
+    return cached[1]
+
+
+def _active(cond: dict, timestep: torch.Tensor) -> bool:
+    """Whether core evaluates this cond at ``timestep`` (its timestep range, as get_area_and_mult)."""
+    t = timestep[0]
+    if "timestep_start" in cond and t > cond["timestep_start"]:
+        return False
+    return not ("timestep_end" in cond and t < cond["timestep_end"])
+
+
+def apply_model_wrapper(executor, *args, **kwargs):
+    transformer_options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
+    run: RunPlan | None = transformer_options.get(RUN_KEY)
+    call = None if run is None else run.call_for(transformer_options.get("uuids", ()), args[0].device)
+    if call is None:
+        return executor(*args, **kwargs)
+    token = _CALL.set(call)
+    try:
+        return executor(*args, **kwargs)
+    finally:
+        _CALL.reset(token)

@@ -1,0 +1,57 @@
+"""Turn the hook engine on for a MODEL: ComfyUI's hook objects then run as forward-pass deltas.
+
+Data flow::
+
+    enable_hook_engine(model) -> upgrade() clone
+        extras["hook_engine"] = HookEngine (shared with the input's engine if it has one, so caches
+                                and plans survive re-running the node)
+        wrappers under "patchbay.hooks": OUTER_SAMPLE (forward hooks on/off), CALC_COND_BATCH (strip
+                                claimed hooks, advance keyframes), APPLY_MODEL (per-row strengths)
+    sampling: PatchbayPatcherMixin.register_all_hook_patches hands WeightHooks to HookEngine.claim;
+              hooks/engine.py does the rest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from comfy.patcher_extension import WrappersMP
+
+from ..hooks.engine import HookEngine, apply_model_wrapper, calc_cond_batch_wrapper, outer_sample_wrapper
+from .model_patcher import HOOK_ENGINE_KEY, is_upgraded, upgrade
+
+if TYPE_CHECKING:
+    from comfy.model_patcher import ModelPatcher
+
+__all__ = ["WRAPPER_KEY", "enable_hook_engine", "hook_engine_of"]
+
+WRAPPER_KEY = "patchbay.hooks"
+_WRAPPERS = ((WrappersMP.OUTER_SAMPLE, outer_sample_wrapper),
+             (WrappersMP.CALC_COND_BATCH, calc_cond_batch_wrapper),
+             (WrappersMP.APPLY_MODEL, apply_model_wrapper))
+
+
+def hook_engine_of(model: ModelPatcher) -> HookEngine | None:
+    """The hook engine enabled on ``model``, or None."""
+    return model.patchbay.extras.get(HOOK_ENGINE_KEY) if is_upgraded(model) else None
+
+
+def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0) -> ModelPatcher:
+    """A clone of ``model`` on which every hook (core's or ours) runs through Patchbay's engine.
+
+    cache_mb: memory budget for materialised deltas (LoHa, LoKr, DoRA, model-as-LoRA), in MiB.
+    ``model`` is not changed.
+    """
+    if cache_mb < 0:
+        raise ValueError(f"cache_mb must be >= 0, got {cache_mb}; use 0 to rebuild dense deltas every step.")
+    engine = hook_engine_of(model)
+    clone = upgrade(model)
+    if engine is None:
+        engine = HookEngine(int(cache_mb * 2**20))
+    else:
+        engine.cache.budget_bytes = int(cache_mb * 2**20)
+    clone.patchbay.extras[HOOK_ENGINE_KEY] = engine
+    for wrapper_type, fn in _WRAPPERS:
+        clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
+        clone.add_wrapper_with_key(wrapper_type, WRAPPER_KEY, fn)
+    return clone
