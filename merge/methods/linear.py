@@ -1,0 +1,96 @@
+"""Linear and near-linear methods: weighted sum, averages, slerp, task arithmetic, masks."""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import AnySpace, Delta, Param, Weight, merge_method
+from ._util import is_close
+
+SOUPS = "https://arxiv.org/abs/2203.05482"
+TASK_ARITHMETIC = "https://arxiv.org/abs/2212.04089"
+SUPERMERGER = "https://github.com/hako-mikan/sd-webui-supermerger"
+SD_MECHA = "https://github.com/ljleb/sd-mecha"
+
+
+@merge_method(paper=SOUPS)
+def weighted_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
+    """Linear interpolation a + (b - a) * alpha (alpha=0 gives A, 1 gives B)."""
+    if is_close(alpha, 0.0):
+        return a
+    if is_close(alpha, 1.0):
+        return b
+    return torch.lerp(a, b, alpha)
+
+
+@merge_method(paper=SOUPS)
+def n_average(*models: AnySpace) -> AnySpace:
+    """Plain mean of any number of models (running lerp, as sd-mecha)."""
+    res = models[0]
+    for i, model in enumerate(models[1:], start=2):
+        res = torch.lerp(res, model, 1 / i)
+    return res
+
+
+@merge_method(paper="https://doi.org/10.1145/325165.325242")
+def slerp(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
+    """Spherical interpolation of the flattened tensors; lerp when they are (anti)parallel."""
+    a_norm, b_norm = a.norm(), b.norm()
+    a_unit, b_unit = a / a_norm, b / b_norm
+    omega = torch.arccos((a_unit * b_unit).sum().clamp(-1, 1))
+    res = (a_unit * torch.sin((1 - alpha) * omega) + b_unit * torch.sin(alpha * omega)) / torch.sin(omega)
+    res = res * torch.lerp(a_norm, b_norm, torch.as_tensor(alpha, dtype=a.dtype))
+    if res.isnan().any():
+        return torch.lerp(a, b, alpha)
+    return res
+
+
+@merge_method(paper=TASK_ARITHMETIC)
+def add_difference(a: AnySpace, b: Delta, *, alpha: float = 1.0) -> AnySpace:
+    """Task arithmetic: a + b * alpha, b a delta (e.g. subtract(B, C))."""
+    if is_close(alpha, 0.0):
+        return a
+    return torch.addcmul(a, b, torch.as_tensor(alpha, dtype=a.dtype, device=a.device))
+
+
+@merge_method(paper=TASK_ARITHMETIC)
+def subtract(a: Weight, b: Weight) -> Delta:
+    """The delta a - b (a task vector when b is the base model)."""
+    return a - b
+
+
+@merge_method(paper=SD_MECHA)
+def perpendicular_component(a: AnySpace, b: AnySpace) -> AnySpace:
+    """The part of b orthogonal to a (zeros when a is zero)."""
+    norm_a = torch.linalg.norm(a)
+    res = b - a * (a / norm_a * (b / norm_a)).sum()
+    if res.isnan().any():
+        return torch.zeros_like(a)
+    return res
+
+
+@merge_method(paper=SUPERMERGER)
+def train_difference_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
+    """Per-element weight alpha * 1.8 * |b - a| / (|b - a| + |b - c|) for add_difference."""
+    ba = (b - a).abs()
+    return alpha * 1.8 * torch.nan_to_num(ba / (ba + (b - c).abs()), nan=0)
+
+
+@merge_method(paper=SUPERMERGER)
+def train_difference(a: AnySpace, b: Weight, c: Weight, *, alpha: float = 1.0) -> AnySpace:
+    """Supermerger's train difference: a + (b - c) * train_difference_mask(a, b, c, alpha)."""
+    mask = train_difference_mask.fn(a, b, c, alpha=alpha)
+    return torch.addcmul(a, b - c, mask)
+
+
+@merge_method(paper=SD_MECHA)
+def multiply_quotient(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> AnySpace:
+    """a * (b / c) ** (alpha * agreement), where b and c move a in the same log direction."""
+    ac_log = torch.log(a.abs()) - torch.log(c.abs())
+    bc_log = torch.log(b.abs()) - torch.log(c.abs())
+    b_c = torch.complex(b, torch.zeros_like(b)) / torch.complex(c, torch.zeros_like(c))
+    threshold = torch.maximum(ac_log.abs(), bc_log.abs())
+    power = alpha * torch.clamp(-torch.nan_to_num(ac_log * bc_log / threshold**2, nan=0), 0)
+    res = a * b_c**power
+    res = torch.where(torch.isnan(res), a, res)
+    return res.real

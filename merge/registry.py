@@ -1,0 +1,264 @@
+"""The merge-method registry: one decorator, signatures checked at registration, scoped for tests.
+
+A merge method evaluates ONE key. Its positional parameters are tensor inputs annotated with a
+merge space (``Weight``, ``Delta``, ``Param`` or ``AnySpace``; ``*models: Weight`` for a variadic
+input), its keyword-only parameters are scalars (``float``, ``int``, ``bool``, ``str``, optionally
+``| None``) with defaults, and it may take a keyword-only ``ctx: KeyContext``. The return
+annotation gives the output space (``AnySpace`` = the space of the ``AnySpace`` inputs).
+
+The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn`` always accepts
+``ctx`` even when the decorated function does not declare it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import importlib
+import inspect
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import torch
+
+from .context import KeyContext
+
+WEIGHT, DELTA, PARAM, ANY = "weight", "delta", "param", "any"
+SPACES = (WEIGHT, DELTA, PARAM, ANY)
+SCALAR_TYPES: tuple[type, ...] = (float, int, bool, str)
+
+
+@dataclass(frozen=True)
+class _Space:
+    name: str
+
+
+Weight = Annotated[torch.Tensor, _Space(WEIGHT)]
+Delta = Annotated[torch.Tensor, _Space(DELTA)]
+Param = Annotated[torch.Tensor, _Space(PARAM)]
+AnySpace = Annotated[torch.Tensor, _Space(ANY)]
+
+
+class MethodDefinitionError(TypeError):
+    """A function handed to ``@merge_method`` does not follow the method contract."""
+
+
+class UnknownMethodError(KeyError):
+    """``get(name)`` found no such method; the message suggests the nearest names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    space: str
+    variadic: bool = False
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: type
+    default: Any
+    optional: bool = False
+
+    def accepts(self, value: object) -> bool:
+        """Whether a scalar ``value`` fits this parameter (an int fits a float, a bool fits nothing else)."""
+        if value is None:
+            return self.optional
+        if self.type is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.type is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, self.type)
+
+
+@dataclass(frozen=True)
+class MergeMethod:
+    """A registered method: its name, one-line doc, paper link, typed specs and callable."""
+
+    name: str
+    doc: str
+    paper: str | None
+    inputs: tuple[InputSpec, ...]
+    params: tuple[ParamSpec, ...]
+    output: str
+    fn: Callable[..., Any]
+    accepts_missing: bool = False
+
+    @property
+    def variadic(self) -> bool:
+        return any(spec.variadic for spec in self.inputs)
+
+    def param(self, name: str) -> ParamSpec:
+        for spec in self.params:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.name} has no parameter {name!r}{_did_you_mean(name, self.param_names())}; "
+                       f"parameters: {', '.join(self.param_names()) or 'none'}")
+
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.params)
+
+    def input_space(self, index: int) -> str:
+        """The merge space of the ``index``-th positional tensor (variadic inputs repeat)."""
+        if index < len(self.inputs):
+            return self.inputs[index].space
+        return self.inputs[-1].space
+
+
+_REGISTRY: dict[str, MergeMethod] = {}
+_builtins_loaded = False
+
+
+def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = None,
+                 paper: str | None = None, accepts_missing: bool = False) -> Any:
+    """Register ``fn`` as a merge method; usable bare (``@merge_method``) or with options.
+
+    ``name`` defaults to the function name; ``paper`` is a URL shown in the methods table;
+    ``accepts_missing`` makes the executor pass ``None`` for inputs that lack the key.
+    Raises ``MethodDefinitionError`` for a bad signature or an already registered name.
+    """
+    def register(func: Callable[..., Any]) -> MergeMethod:
+        method = _build(func, name or func.__name__, paper, accepts_missing)
+        if method.name in _REGISTRY:
+            raise MethodDefinitionError(
+                f"merge method {method.name!r} is already registered; pick another name "
+                f"(or register inside registry.scope() in tests)")
+        _REGISTRY[method.name] = method
+        return method
+
+    return register(fn) if fn is not None else register
+
+
+def get(name: str) -> MergeMethod:
+    """The method registered as ``name``; a miss raises ``UnknownMethodError`` with suggestions."""
+    _load_builtins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(
+            f"unknown merge method {name!r}{_did_you_mean(name, _REGISTRY)}; "
+            f"list them with registry.all_methods()") from None
+
+
+def all_methods() -> tuple[MergeMethod, ...]:
+    """Every registered method, sorted by name."""
+    _load_builtins()
+    return tuple(_REGISTRY[key] for key in sorted(_REGISTRY))
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[None]:
+    """Undo every registration made inside the block (tests register throwaway methods here)."""
+    _load_builtins()
+    saved = dict(_REGISTRY)
+    try:
+        yield
+    finally:
+        _REGISTRY.clear()
+        _REGISTRY.update(saved)
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module(".methods", __package__)
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+# ---- signature checking ---------------------------------------------------------------------------
+
+def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missing: bool) -> MergeMethod:
+    where = f"merge method {name!r} ({func.__module__}.{func.__qualname__})"
+    if not name.isidentifier():
+        raise MethodDefinitionError(f"{where}: the name must be an identifier")
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to resolve annotations is a definition error
+        raise MethodDefinitionError(f"{where}: cannot resolve annotations: {exc}") from exc
+    inputs: list[InputSpec] = []
+    params: list[ParamSpec] = []
+    takes_ctx = False
+    for p in inspect.signature(func).parameters.values():
+        if p.name == "ctx" and p.kind is p.KEYWORD_ONLY:
+            takes_ctx = True
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL):
+            inputs.append(_input_spec(where, p, hints))
+        elif p.kind is p.KEYWORD_ONLY:
+            params.append(_param_spec(where, p, hints))
+        else:
+            raise MethodDefinitionError(f"{where}: **{p.name} is not allowed; declare each scalar by name")
+    if not inputs:
+        raise MethodDefinitionError(f"{where}: needs at least one tensor input")
+    if any(spec.variadic for spec in inputs[:-1]):
+        raise MethodDefinitionError(f"{where}: the variadic input must come last")
+    if "return" not in hints:
+        raise MethodDefinitionError(f"{where}: annotate the return with a merge space (Weight, Delta, ...)")
+    output = _space_of(hints["return"])
+    if output is None:
+        raise MethodDefinitionError(f"{where}: the return annotation must be a merge space, "
+                                    f"got {hints['return']!r}")
+    if output == ANY and all(spec.space != ANY for spec in inputs):
+        raise MethodDefinitionError(f"{where}: returns AnySpace but has no AnySpace input to take it from")
+    doc = (inspect.getdoc(func) or "").strip().splitlines()
+    if not doc:
+        raise MethodDefinitionError(f"{where}: give it a docstring; its first line is the method's doc")
+    return MergeMethod(name, doc[0], paper, tuple(inputs), tuple(params), output,
+                       func if takes_ctx else _drop_ctx(func), accepts_missing)
+
+
+def _input_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> InputSpec:
+    space = _space_of(hints.get(p.name))
+    if space is None:
+        raise MethodDefinitionError(
+            f"{where}: tensor input {p.name!r} must be annotated Weight, Delta, Param or AnySpace "
+            f"(scalars go after '*' as keyword-only parameters)")
+    if p.default is not p.empty:
+        raise MethodDefinitionError(f"{where}: tensor input {p.name!r} cannot have a default")
+    return InputSpec(p.name, space, p.kind is p.VAR_POSITIONAL)
+
+
+def _param_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> ParamSpec:
+    hint = hints.get(p.name)
+    optional = False
+    args = typing.get_args(hint)
+    if args and type(None) in args and len(args) == 2:
+        optional = True
+        hint = next(a for a in args if a is not type(None))
+    if hint not in SCALAR_TYPES:
+        raise MethodDefinitionError(
+            f"{where}: parameter {p.name!r} must be annotated float, int, bool or str "
+            f"(optionally '| None'), got {hints.get(p.name)!r}")
+    if p.default is p.empty:
+        raise MethodDefinitionError(f"{where}: parameter {p.name!r} needs a default value")
+    spec = ParamSpec(p.name, hint, p.default, optional)
+    if not spec.accepts(p.default):
+        raise MethodDefinitionError(
+            f"{where}: default {p.default!r} of {p.name!r} is not a {hint.__name__}")
+    return spec
+
+
+def _space_of(hint: Any) -> str | None:
+    for meta in getattr(hint, "__metadata__", ()):
+        if isinstance(meta, _Space):
+            return meta.name
+    return None
+
+
+def _drop_ctx(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def call(*tensors: Any, ctx: KeyContext | None = None, **scalars: Any) -> Any:
+        return func(*tensors, **scalars)
+
+    return call
