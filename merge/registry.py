@@ -99,7 +99,7 @@ class MergeMethod:
         for spec in self.params:
             if spec.name == name:
                 return spec
-        raise KeyError(f"{self.name} has no parameter {name!r}{_did_you_mean(name, self.param_names())}; "
+        raise KeyError(f"{self.name} has no parameter {name!r}{did_you_mean(name, self.param_names())}; "
                        f"parameters: {', '.join(self.param_names()) or 'none'}")
 
     def param_names(self) -> tuple[str, ...]:
@@ -143,7 +143,7 @@ def get(name: str) -> MergeMethod:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownMethodError(
-            f"unknown merge method {name!r}{_did_you_mean(name, _REGISTRY)}; "
+            f"unknown merge method {name!r}{did_you_mean(name, _REGISTRY)}; "
             f"list them with registry.all_methods()") from None
 
 
@@ -172,7 +172,7 @@ def _load_builtins() -> None:
         importlib.import_module(".methods", __package__)
 
 
-def _did_you_mean(name: str, choices: Any) -> str:
+def did_you_mean(name: str, choices: Any) -> str:
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 

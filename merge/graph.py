@@ -1,0 +1,142 @@
+"""The recipe graph's node types: five frozen dataclasses and the error that carries a path.
+
+Kept apart from the builders and checks in merge/recipe.py (which re-exports everything here) so
+that the data types import nothing but the standard library and the registry's space names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from .registry import ANY, SPACES
+
+Scalar = Union[float, int, bool, str, None]  # noqa: UP007 - a runtime alias used by isinstance-free code
+_SCALAR_TYPES = (float, int, bool, str, type(None))
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be built or bound; ``path`` locates the offending node."""
+
+    def __init__(self, path: Iterable[str], problem: str) -> None:
+        self.path = tuple(path)
+        self.problem = problem
+        where = " > ".join(self.path) if self.path else "recipe"
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class ModelNode:
+    """A model file; ``space`` is its merge space, ``config`` an sd-mecha model config id if known."""
+
+    path: str
+    space: str = "weight"
+    config: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise RecipeError((), f"a model path must be a non-empty string, got {self.path!r}")
+        if self.space not in SPACES or self.space == ANY:
+            raise RecipeError((label(self),), f"merge space {self.space!r} is not weight, delta or param")
+
+
+@dataclass(frozen=True)
+class LiteralNode:
+    """A scalar, or an ordered map (block name, key or fnmatch glob, "default") -> scalar.
+
+    A map is stored as a tuple of pairs so the node stays hashable; ``mapping`` gives a dict.
+    """
+
+    value: Any
+
+    def __post_init__(self) -> None:
+        value = self.value
+        if isinstance(value, Mapping):
+            value = tuple(value.items())
+            object.__setattr__(self, "value", value)
+        if isinstance(value, tuple):
+            for key, item in value:
+                _check_map_key(key)
+                if not isinstance(item, _SCALAR_TYPES):
+                    raise RecipeError((), f"map entry {key!r}: {item!r} is not a scalar")
+        elif not isinstance(value, _SCALAR_TYPES):
+            raise RecipeError((), f"a literal is a scalar or a dict of scalars, not {type(value).__name__}")
+
+    @property
+    def is_map(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    @property
+    def mapping(self) -> dict[str, Scalar]:
+        """The map as a dict (a scalar literal reads as ``{"default": value}``)."""
+        return dict(self.value) if self.is_map else {"default": self.value}
+
+    def scalar_for(self, arch: str, key: str) -> Scalar:
+        """The scalar this literal gives ``key`` of an ``arch`` model (see blocks.resolve)."""
+        from .blocks import resolve
+
+        return resolve(self.mapping, arch, key) if self.is_map else self.value
+
+
+@dataclass(frozen=True)
+class CallNode:
+    """A merge method applied to tensor ``args`` and scalar ``kwargs`` (sorted (name, node) pairs)."""
+
+    method: str
+    args: tuple[Node, ...] = ()
+    kwargs: tuple[tuple[str, Node], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        kwargs = self.kwargs.items() if isinstance(self.kwargs, Mapping) else self.kwargs
+        object.__setattr__(self, "kwargs", tuple(sorted(kwargs)))
+
+    def kwarg(self, name: str) -> Node:
+        return dict(self.kwargs)[name]
+
+
+@dataclass(frozen=True)
+class FreeInput:
+    """An open tensor input, bound later with ``bind(recipe, inputs={name: other_recipe})``."""
+
+    name: str
+    space: str = ANY
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise RecipeError((), f"input name {self.name!r} must be an identifier")
+
+
+@dataclass(frozen=True)
+class ParamNode:
+    """An open scalar parameter, bound later with ``bind(recipe, params={name: value})``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise RecipeError((), f"parameter name {self.name!r} must be an identifier")
+
+
+Node = Union[ModelNode, LiteralNode, CallNode, FreeInput, ParamNode]  # noqa: UP007
+TENSOR_NODES = (ModelNode, CallNode, FreeInput)
+
+
+
+def label(node: Node) -> str:
+    if isinstance(node, ModelNode):
+        return f"model {node.path!r}"
+    if isinstance(node, CallNode):
+        return node.method
+    if isinstance(node, FreeInput):
+        return f"input {node.name!r}"
+    if isinstance(node, ParamNode):
+        return f"param {node.name!r}"
+    return f"literal {node.value!r}"
+
+
+def _check_map_key(key: object) -> None:
+    if not isinstance(key, str) or not key or any(c.isspace() or c in '="&' for c in key):
+        raise RecipeError((), f"map key {key!r} must be a non-empty block name or key glob without "
+                              f"spaces, '=', '\"' or '&'")
