@@ -1,0 +1,301 @@
+"""The ``.mecha`` text format: read sd-mecha's ``version 0.1.0`` files, write a compact form of it.
+
+One instruction per line after the ``version 0.1.0`` header; ``&N`` refers to the N-th
+instruction (0-based, comment lines ``#`` not counted); the last instruction is the result.
+As in sd-mecha, a blank line (a trailing newline too) is an error.
+
+    model "path" [model_config="id"] [merge_space="weight|delta|param"]
+    dict key=value ...                     a map (block names, key globs, default)
+    literal &N|value model_config=... merge_space=...
+    merge "method" &N ... [name=value|&N ...]
+    input "name" [merge_space=...]         Patchbay: an open tensor input (FreeInput)
+    param "name"                           Patchbay: an open scalar parameter (ParamNode)
+
+sd-mecha writes every scalar as three lines (``dict key=v`` / ``literal &N
+model_config="singleton-mecha"`` / ``merge "convert_singleton" &N``); ``parse`` collapses that,
+and the block-map conversions, to one LiteralNode. ``dumps`` writes scalars inline, leaves out
+parameters at their default and shares identical lines; ``parse(dumps(r)) == r`` for recipes made
+by the builders of merge/recipe.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from . import recipe as rc
+from .graph import CallNode, FreeInput, LiteralNode, ModelNode, Node, ParamNode, RecipeError
+
+VERSION = "version 0.1.0"
+CONSTANTS = {"null": None, "true": True, "false": False}
+COLLAPSED_CONVERSIONS = ("convert_singleton", "convert_sd1_blocks_to_ldm", "convert_sdxl_blocks_to_sgm")
+
+
+class MechaSyntaxError(ValueError):
+    """A .mecha text that cannot be read; ``line`` and ``column`` are 1-based."""
+
+    def __init__(self, line: int, column: int, problem: str, text: str = "") -> None:
+        self.line, self.column, self.problem = line, column, problem
+        shown = f"\n    {text}\n    {' ' * (column - 1)}^" if text else ""
+        super().__init__(f"line {line}, column {column}: {problem}{shown}")
+
+
+@dataclass(frozen=True)
+class _Token:
+    column: int
+    key: str | None
+    value: Any
+    value_column: int
+
+
+@dataclass(frozen=True)
+class _Ref:
+    index: int
+
+
+class _Map(dict):
+    """The result of a ``dict`` line, before a ``literal`` line or a parameter takes it."""
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+def parse(text: str) -> Node:
+    """The recipe a .mecha text describes; ``MechaSyntaxError`` (line, column) when it is malformed."""
+    lines = text.split("\n")
+    if lines[0] != VERSION:
+        raise MechaSyntaxError(1, 1, f"expected the header {VERSION!r}, got {lines[0]!r}", lines[0])
+    results: list[Any] = []
+    for number, line in enumerate(lines[1:], start=2):
+        if line.strip().startswith("#"):
+            continue
+        if not line.strip():
+            raise MechaSyntaxError(number, 1, "blank line (sd-mecha rejects blank lines and a trailing "
+                                              "newline; remove it)")
+        column = len(line) - len(line.lstrip(" ")) + 1
+        try:
+            results.append(_instruction(line, column, results, number))
+        except RecipeError as exc:
+            raise MechaSyntaxError(number, column, str(exc), line) from None
+    if not results:
+        raise MechaSyntaxError(len(lines), 1, "no instruction after the version header")
+    if not isinstance(results[-1], (ModelNode, CallNode, FreeInput)):
+        raise MechaSyntaxError(len(lines), 1, "the last instruction must be a model, merge or input")
+    return results[-1]
+
+
+def _tokens(line: str, i: int, number: int) -> list[_Token]:
+    tokens = []
+    while i < len(line):
+        if line[i] == " ":
+            i += 1
+            continue
+        start, key = i, None
+        end_key = _key_end(line, i, number)
+        if end_key is not None:
+            key, i = line[i:end_key], end_key + 1
+        value_column = i + 1
+        if i < len(line) and line[i] == '"':
+            value, i = _quoted(line, i, number)
+        else:
+            end = line.find(" ", i)
+            end = len(line) if end < 0 else end
+            value, i = _bare(line, i, end, number), end
+        tokens.append(_Token(start + 1, key, value, value_column))
+    return tokens
+
+
+def _key_end(line: str, i: int, number: int) -> int | None:
+    """Index of the '=' ending a ``key=`` prefix at ``i``, if the token has one."""
+    for j in range(i, len(line)):
+        if line[j] in ' "':
+            return None
+        if line[j] == "=":
+            if j == i:
+                raise MechaSyntaxError(number, i + 1, "'=' without a name before it", line)
+            return j
+    return None
+
+
+def _quoted(line: str, i: int, number: int) -> tuple[str, int]:
+    out, j = [], i + 1
+    while j < len(line):
+        ch = line[j]
+        if ch == "\\" and j + 1 < len(line):
+            out.append(line[j + 1])
+            j += 2
+            continue
+        if ch == '"':
+            if j + 1 < len(line) and line[j + 1] != " ":
+                raise MechaSyntaxError(number, j + 2, "expected a space after the closing quote", line)
+            return "".join(out), j + 1
+        out.append(ch)
+        j += 1
+    raise MechaSyntaxError(number, i + 1, "unterminated string (no closing quote)", line)
+
+
+def _bare(line: str, i: int, end: int, number: int) -> Any:
+    word = line[i:end]
+    if not word:
+        raise MechaSyntaxError(number, i + 1, "a value is missing after '='", line)
+    if '"' in word:
+        raise MechaSyntaxError(number, i + 1 + word.index('"'), "unexpected quote inside a value", line)
+    if word in CONSTANTS:
+        return CONSTANTS[word]
+    try:
+        if word.startswith("&"):
+            return _Ref(int(word[1:]))
+        return float(word) if ("." in word or "e" in word.lower()) else int(word)
+    except ValueError:
+        raise MechaSyntaxError(number, i + 1, f"{word!r} is not a number, reference (&N), string "
+                                              f"(in quotes), true, false or null", line) from None
+
+
+def _instruction(line: str, column: int, results: list[Any], number: int) -> Any:
+    command = line[column - 1:].split(" ", 1)[0]
+    handler = _COMMANDS.get(command)
+    if handler is None:
+        raise MechaSyntaxError(number, column, f"unknown instruction {command!r}; expected one of "
+                                               f"{', '.join(_COMMANDS)}", line)
+    tokens = _tokens(line, column - 1 + len(command), number)
+    args = [_resolve(t, results, number, line) for t in tokens if t.key is None]
+    kwargs: dict[str, Any] = {}
+    for t in tokens:
+        if t.key is not None:
+            if t.key in kwargs:
+                raise MechaSyntaxError(number, t.column, f"{t.key}= given twice", line)
+            kwargs[t.key] = _resolve(t, results, number, line)
+    try:
+        return handler(args, kwargs)
+    except (TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, (MechaSyntaxError, RecipeError)):
+            raise
+        raise MechaSyntaxError(number, column, f"{command}: {exc}", line) from None
+
+
+def _resolve(token: _Token, results: list[Any], number: int, line: str) -> Any:
+    if isinstance(token.value, _Ref):
+        if not 0 <= token.value.index < len(results):
+            problem = f"reference &{token.value.index} points past the {len(results)} lines before it"
+            raise MechaSyntaxError(number, token.value_column, problem, line)
+        return results[token.value.index]
+    return token.value
+
+
+def _model(args: list, kwargs: dict) -> ModelNode:
+    path, *rest = args
+    config = kwargs.pop("model_config", rest[0] if rest else None)
+    space = kwargs.pop("merge_space", rest[1] if len(rest) > 1 else "weight")
+    _no_extra(kwargs)
+    return rc.model(path, space or "weight", config)
+
+
+def _dict(args: list, kwargs: dict) -> _Map:
+    if args:
+        raise ValueError("takes only name=value entries")
+    return _Map(kwargs)
+
+
+def _literal(args: list, kwargs: dict) -> LiteralNode:
+    (value,) = args
+    kwargs.pop("model_config", None)
+    kwargs.pop("merge_space", None)
+    _no_extra(kwargs)
+    if isinstance(value, _Map) and set(value) == {"key"}:
+        return LiteralNode(value["key"])
+    return LiteralNode(dict(value) if isinstance(value, _Map) else value)
+
+
+def _merge(args: list, kwargs: dict) -> Node:
+    method, *inputs = args
+    if method in COLLAPSED_CONVERSIONS and len(inputs) == 1 and isinstance(inputs[0], LiteralNode):
+        return inputs[0]
+    values = [LiteralNode(dict(v)) if isinstance(v, _Map) else v for v in inputs]
+    named = {k: LiteralNode(dict(v)) if isinstance(v, _Map) else v for k, v in kwargs.items()}
+    return rc.call(method, *values, **named)
+
+
+def _input(args: list, kwargs: dict) -> FreeInput:
+    (name,) = args
+    space = kwargs.pop("merge_space", "any")
+    _no_extra(kwargs)
+    return rc.free_input(name, space)
+
+
+def _param(args: list, kwargs: dict) -> ParamNode:
+    (name,) = args
+    _no_extra(kwargs)
+    return rc.param(name)
+
+
+def _no_extra(kwargs: dict) -> None:
+    if kwargs:
+        raise ValueError(f"unexpected {', '.join(f'{k}=' for k in kwargs)}")
+
+
+_COMMANDS = {"model": _model, "dict": _dict, "literal": _literal, "merge": _merge,
+             "input": _input, "param": _param}
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+def dumps(root: Node) -> str:
+    """The compact .mecha text of ``root``: scalars inline, defaults left out, no trailing newline."""
+    lines: list[str] = []
+    memo: dict[int, str] = {}
+    _emit(root, lines, memo)
+    return "\n".join([VERSION, *lines])
+
+
+def _emit(node: Node, lines: list[str], memo: dict[int, str]) -> str:
+    if id(node) in memo:
+        return memo[id(node)]
+    if isinstance(node, ModelNode):
+        line = f"model {_string(node.path)}" + _option("model_config", node.config, None)
+        line += _option("merge_space", node.space, "weight")
+    elif isinstance(node, FreeInput):
+        line = f"input {_string(node.name)}" + _option("merge_space", node.space, "any")
+    elif isinstance(node, ParamNode):
+        line = f"param {_string(node.name)}"
+    elif isinstance(node, LiteralNode):
+        if not node.is_map:
+            raise ValueError(f"a scalar literal ({node.value!r}) is written inline, not as a line")
+        line = "dict " + " ".join(f"{k}={_scalar(v)}" for k, v in node.value)
+    else:
+        line = _merge_line(node, lines, memo)
+    if line not in lines:
+        lines.append(line)
+    memo[id(node)] = ref = f"&{lines.index(line)}"
+    return ref
+
+
+def _merge_line(node: CallNode, lines: list[str], memo: dict[int, str]) -> str:
+    spec = rc.registry.get(node.method)
+    parts = ["merge", _string(node.method), *(_emit(a, lines, memo) for a in node.args)]
+    for name, value in node.kwargs:
+        if name in spec.param_names() and value == LiteralNode(spec.param(name).default):
+            continue
+        text = _scalar(value.value) if isinstance(value, LiteralNode) and not value.is_map else _emit(
+            value, lines, memo)
+        parts.append(f"{name}={text}")
+    return " ".join(parts)
+
+
+def _option(name: str, value: str | None, default: str | None) -> str:
+    return "" if value == default else f" {name}={_scalar(value)}"
+
+
+def _scalar(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} cannot be written to a .mecha file (not finite)")
+        return repr(value)
+    return str(value)
+
+
+def _string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
