@@ -49,4 +49,5 @@ def overlapping_sets_pmf(n: int, p: float, overlap: float, emphasis: float) -> t
     expanded = binomial[sizes.long()]
     expanded = expanded / expanded.sum()
     pmf = torch.lerp(pmf, torch.lerp(pmf, expanded, 1 - abs(2 * overlap - 1)), emphasis)
+    pmf = pmf.clamp(min=0) / pmf.clamp(min=0).sum()  # sd-mecha goes negative (and fails) past overlap 1
     return torch.cat([torch.tensor([p], dtype=torch.float64), pmf * (1 - p)])
