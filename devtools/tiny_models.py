@@ -8,6 +8,8 @@ No weights can be downloaded where the tests run, so tests and demos use these i
   and one transformer block each; a, b and c differ only in their UNet. The CLIP-L text encoder and
   the VAE are full size and shared.
 - ``loras/``: kohya-named LoRA, LoCon, LoHa and LoKr files, two ranks each.
+- ``diffusion_models/`` and more ``loras/``: tiny SDXL and Flux models and their LoRAs, made by
+  devtools/tiny_arch.py (which imports this module) and covered by the same manifest.
 
 Key names and shapes come from ComfyUI's own classes built on the ``meta`` device, and LoRA module
 names from ``comfy.lora``'s key maps. Weights are uniform with a fan-in-scaled std (norms 1,
@@ -35,7 +37,7 @@ import tempfile
 import time
 import types
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import devpaths
@@ -89,14 +91,17 @@ LORAS = (
 
 @dataclass(frozen=True)
 class TinyModels:
-    """The generated files, by stem: ``checkpoints["patchbay-sd15-tiny-a"]``, ``loras["patchbay-lora-r4"]``.
+    """The generated files, by stem: ``checkpoints["patchbay-sd15-tiny-a"]``, ``loras["patchbay-lora-r4"]``,
+    ``diffusion_models["patchbay-flux-tiny"]``.
 
-    ``root`` holds ``checkpoints/`` and ``loras/``; ComfyUI's loaders take ``path.name``.
+    ``root`` holds ``checkpoints/``, ``loras/`` and ``diffusion_models/``; ComfyUI's loaders take
+    ``path.name``.
     """
 
     root: Path
     checkpoints: dict[str, Path]
     loras: dict[str, Path]
+    diffusion_models: dict[str, Path] = field(default_factory=dict)
 
 
 def checkpoint_rel(variant: str) -> str:
@@ -108,7 +113,10 @@ def lora_rel(spec: LoraSpec) -> str:
 
 
 def all_rels() -> list[str]:
-    return [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
+    import tiny_arch  # imported late: it builds on this module
+
+    sd15 = [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
+    return sd15 + tiny_arch.all_rels()
 
 
 def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
@@ -125,11 +133,11 @@ def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
         _run_generator(out_dir, manifest, stale)
         if mismatched := stale_files(out_dir, sums, stale):
             raise ModelDeterminismError(_determinism_message(mismatched, manifest))
-    return TinyModels(
-        root=out_dir,
-        checkpoints={Path(rel).stem: out_dir / rel for rel in map(checkpoint_rel, CHECKPOINT_VARIANTS)},
-        loras={s.name: out_dir / lora_rel(s) for s in LORAS},
-    )
+    by_folder: dict[str, dict[str, Path]] = {}
+    for rel in all_rels():
+        folder, name = rel.split("/")
+        by_folder.setdefault(folder, {})[Path(name).stem] = out_dir / rel
+    return TinyModels(root=out_dir, **by_folder)
 
 
 def read_manifest(manifest: Path) -> dict[str, str]:
@@ -193,7 +201,9 @@ def init_module(module: torch.nn.Module, prefix: str, seed: str) -> dict[str, to
 
 
 def _init_param(module: torch.nn.Module, name: str, shape: tuple[int, ...], seed: str) -> torch.Tensor:
-    """Norm weights 1, biases 0, embeddings EMBEDDING_STD, other weights GAIN / sqrt(fan_in)."""
+    """Norm weights and (RMSNorm) scales 1, biases 0, embeddings EMBEDDING_STD, others GAIN / sqrt(fan_in)."""
+    if name == "scale":  # comfy.ldm.flux.layers.RMSNorm
+        return torch.ones(shape, dtype=torch.float16)
     if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) and name == "weight":
         return torch.ones(shape, dtype=torch.float16)
     if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.Linear, torch.nn.Conv2d)):
@@ -206,16 +216,21 @@ def _init_param(module: torch.nn.Module, name: str, shape: tuple[int, ...], seed
     raise TypeError(f"no initialisation rule for {seed} ({kind}); add one to _init_param.")
 
 
+def import_comfy_on_cpu() -> None:
+    """Put ComfyUI on sys.path in CPU mode: the generator only builds meta-device models, never a GPU."""
+    comfy_dir = str(devpaths.comfyui_dir())
+    if comfy_dir not in sys.path:
+        sys.path.insert(0, comfy_dir)
+    from comfy.cli_args import args
+
+    args.cpu = True
+
+
 class ComfyArch:
     """ComfyUI's SD1.5 classes on the meta device, and the key layouts generation derives from them."""
 
     def __init__(self) -> None:
-        comfy_dir = str(devpaths.comfyui_dir())
-        if comfy_dir not in sys.path:
-            sys.path.insert(0, comfy_dir)
-        from comfy.cli_args import args
-
-        args.cpu = True  # this process only builds meta-device models: never initialise a GPU
+        import_comfy_on_cpu()
         import comfy.lora
         import comfy.model_detection
         import comfy.sd1_clip
@@ -290,15 +305,19 @@ class ComfyArch:
         """Tensors and safetensors metadata of the file at ``rel``."""
         for variant in CHECKPOINT_VARIANTS:
             if rel == checkpoint_rel(variant):
-                return self.checkpoint(variant), _metadata(Path(rel).stem, "stable-diffusion-v1")
+                return self.checkpoint(variant), model_metadata(Path(rel).stem, "stable-diffusion-v1")
         spec = next(s for s in LORAS if lora_rel(s) == rel)
-        return self.lora(spec), {**_metadata(spec.name, "stable-diffusion-v1/lora"), **kohya_metadata(spec)}
+        metadata = model_metadata(spec.name, "stable-diffusion-v1/lora")
+        return self.lora(spec), {**metadata, **kohya_metadata(spec)}
 
 
-def _metadata(title: str, architecture: str) -> dict[str, str]:
+def model_metadata(
+    title: str, architecture: str, generator: str = "devtools/tiny_models.py"
+) -> dict[str, str]:
+    """modelspec keys and the generator's path (relative: the bytes must not depend on the clone)."""
     return {
         "modelspec.sai_model_spec": "1.0.0", "modelspec.architecture": architecture,
-        "modelspec.title": title, "patchbay.generator": "devtools/tiny_models.py",
+        "modelspec.title": title, "patchbay.generator": generator,
     }
 
 
@@ -364,11 +383,11 @@ def generate(
         todo = all_rels() if update_manifest else stale_files(out_dir, sums, all_rels())
     else:
         todo = only
-    arch = ComfyArch() if todo else None
+    builders: dict[str, object] = {}
     fresh = {}
     for rel in all_rels():
         if rel in todo:
-            fresh[rel] = write_safetensors(out_dir / rel, *arch.build(rel))
+            fresh[rel] = write_safetensors(out_dir / rel, *_builder(rel, builders).build(rel))
         size = (out_dir / rel).stat().st_size / 2**20
         print(f"{'generated' if rel in todo else 'reused   '} {rel} ({size:.1f} MiB)")
     if update_manifest:
@@ -380,6 +399,16 @@ def generate(
         raise ModelDeterminismError(_determinism_message(bad, manifest))
     seconds = time.perf_counter() - start
     print(f"{len(todo)} generated, {len(all_rels()) - len(todo)} reused in {out_dir} ({seconds:.1f} s)")
+
+
+def _builder(rel: str, made: dict[str, object]):
+    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for the others; each made once, when needed."""
+    import tiny_arch
+
+    kind = "arch" if rel in tiny_arch.all_rels() else "sd15"
+    if kind not in made:
+        made[kind] = tiny_arch.ArchModels() if kind == "arch" else ComfyArch()
+    return made[kind]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,15 +55,25 @@ def factorization(dimension: int) -> tuple[int, int]:
 Tensors = dict[str, torch.Tensor]
 
 
+def low_rank_pair(
+    shape: tuple[int, ...], rank: int, scale: float, target: float, seed: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(down, up)`` with ``up @ down * scale`` of std ``target``; convs keep their kernel in ``down``.
+
+    kohya writes them as ``lora_down``/``lora_up`` (scale alpha / rank), PEFT and BFL as
+    ``lora_A``/``lora_B`` (no alpha: scale 1).
+    """
+    kernel = shape[2:]
+    down_std = 1.0 / math.sqrt(math.prod(shape[1:]))
+    up_std = target / (scale * math.sqrt(rank) * down_std)
+    down = uniform(f"{seed}/down", (rank, shape[1], *kernel), down_std)
+    return down, uniform(f"{seed}/up", (shape[0], rank, *(1 for _ in kernel)), up_std)
+
+
 def lora_module(name: str, shape: tuple[int, ...], spec: LoraSpec, target: float, seed: str) -> Tensors:
     """kohya LoRA/LoCon: ``up @ down * alpha / rank``; convs keep their kernel in ``lora_down``."""
-    rank, kernel = spec.rank, shape[2:]
-    down_std = 1.0 / math.sqrt(math.prod(shape[1:]))
-    up_std = target / (spec.alpha / rank * math.sqrt(rank) * down_std)
-    return {
-        f"{name}.lora_down.weight": uniform(f"{seed}/down", (rank, shape[1], *kernel), down_std),
-        f"{name}.lora_up.weight": uniform(f"{seed}/up", (shape[0], rank, *(1 for _ in kernel)), up_std),
-    }
+    down, up = low_rank_pair(shape, spec.rank, spec.alpha / spec.rank, target, seed)
+    return {f"{name}.lora_down.weight": down, f"{name}.lora_up.weight": up}
 
 
 def loha_module(name: str, shape: tuple[int, ...], spec: LoraSpec, target: float, seed: str) -> Tensors:

@@ -1,0 +1,154 @@
+"""Sample the tiny SDXL and Flux models (devtools/tiny_arch.py) through ComfyUI's own loaders and sampler.
+
+For tests of the hook engine on more than SD1.5. The text encoders of SDXL (CLIP-L + CLIP-G) and
+Flux (CLIP-L + T5-XXL) are too large to build here, so conditioning is synthesized with the shapes
+the models take: SDXL cross-attention (77 x 2048), pooled_output (1280) and the size keys its ADM
+embedding reads; Flux text tokens (8 x context_in_dim), pooled vector (vec_in_dim) and guidance.
+Everything else is core: ``UNETLoader``, ``LoraLoaderModelOnly``, ``comfy.hooks`` (what the core
+hook nodes call), ``nodes.common_ksampler`` (what KSampler calls). Results are deterministic: a
+fixed seed gives a bit-identical latent on the CPU.
+
+Needs ComfyUI imported in-process (devtools/comfy_inprocess.py, the tests' ``comfy`` fixture)::
+
+    model = load_model("flux")
+    hooks = hook_lora(FLUX_LORAS[0], 1.0)
+    positive = make_cond("flux", seed=1, hooks=hooks)
+    negative = make_cond("flux", seed=2, hooks=hooks)
+    latent = sample(model, positive, negative, seed=0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import tiny_arch
+import torch
+
+if TYPE_CHECKING:
+    from comfy.hooks import HookGroup
+    from comfy.model_patcher import ModelPatcher
+
+ARCHES = ("sdxl", "flux")
+UNET_FILES = {"sdxl": f"{tiny_arch.SDXL_STEM}.safetensors", "flux": f"{tiny_arch.FLUX_STEM}.safetensors"}
+SDXL_LORAS = (f"{tiny_arch.SDXL_LORA}.safetensors",)
+FLUX_LORAS = tuple(f"{stem}.safetensors" for stem in (tiny_arch.FLUX_KOHYA, tiny_arch.FLUX_DIFFUSERS))
+FLUX_BFL_LORA = f"{tiny_arch.FLUX_BFL}.safetensors"
+# Text tokens, token width and pooled width per architecture.
+COND_SHAPES = {
+    "sdxl": (77, 2048, 1280),
+    "flux": (8, tiny_arch.FLUX_DIT["context_in_dim"], tiny_arch.FLUX_DIT["vec_in_dim"]),
+}
+LATENT_SIZE = {"sdxl": 16, "flux": 8}  # latent pixels: 128x128 and 64x64 images
+Conditioning = list[list[Any]]  # ComfyUI's CONDITIONING: [[cross_attn, {"pooled_output": ..., ...}]]
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCHES:
+        raise ValueError(f"unknown architecture {arch!r}: use one of {ARCHES}")
+
+
+@contextlib.contextmanager
+def logged(level: int = logging.WARNING) -> Iterator[list[logging.LogRecord]]:
+    """The records of ``level`` and above that reach the root logger (ComfyUI's) while the block runs."""
+    handler = logging.handlers.BufferingHandler(capacity=1 << 20)
+    handler.setLevel(level)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield handler.buffer
+    finally:
+        root.removeHandler(handler)
+
+
+def load_model(arch: str) -> ModelPatcher:
+    """The tiny ``arch`` model through the UNETLoader node (``comfy.sd.load_diffusion_model``)."""
+    import nodes
+
+    _check_arch(arch)
+    return nodes.UNETLoader().load_unet(UNET_FILES[arch], "default")[0]
+
+
+def load_lora(model: ModelPatcher, lora_name: str, strength: float = 1.0) -> ModelPatcher:
+    """``model`` with a LoRA from ``loras/`` through LoraLoaderModelOnly (a patched clone)."""
+    import nodes
+
+    return nodes.LoraLoaderModelOnly().load_lora_model_only(model, lora_name, strength)[0]
+
+
+def lora_state_dict(lora_name: str) -> dict[str, torch.Tensor]:
+    """A LoRA file from ``loras/`` as the core CreateHookLora node reads it (no key conversion)."""
+    import comfy.utils
+    import folder_paths
+
+    path = folder_paths.get_full_path_or_raise("loras", lora_name)
+    return comfy.utils.load_torch_file(path, safe_load=True)
+
+
+def hook_lora(lora_name: str, strength: float = 1.0) -> HookGroup:
+    """A core LoRA hook, as CreateHookLoraModelOnly makes it: ``comfy.hooks.create_hook_lora``."""
+    import comfy.hooks
+
+    return comfy.hooks.create_hook_lora(lora_state_dict(lora_name), strength, strength)
+
+
+def make_cond(
+    arch: str,
+    seed: int,
+    hooks: HookGroup | None = None,
+    mask: torch.Tensor | None = None,
+    strength: float = 1.0,
+    set_cond_area: str = "default",
+    timesteps_range: tuple[float, float] | None = None,
+) -> Conditioning:
+    """Synthesized conditioning for ``arch`` (std-1 normal tensors from ``seed``), core properties set.
+
+    ``hooks``, ``mask`` (``(H, W)`` or ``(B, H, W)``, any size: ComfyUI resizes it to the latent),
+    ``strength`` (the mask's), ``set_cond_area`` and ``timesteps_range`` are applied with
+    ``comfy.hooks.set_conds_props``, i.e. exactly as the core "Cond Set Props" / ConditioningSetMask
+    nodes do.
+    """
+    import comfy.hooks
+
+    _check_arch(arch)
+    tokens, width, pooled_width = COND_SHAPES[arch]
+    generator = torch.Generator().manual_seed(seed)
+    cross_attn = torch.randn((1, tokens, width), generator=generator)
+    extra: dict[str, Any] = {"pooled_output": torch.randn((1, pooled_width), generator=generator)}
+    if arch == "sdxl":  # what CLIPTextEncodeSDXL adds for model_base.SDXL.encode_adm
+        size = 8 * LATENT_SIZE[arch]
+        extra.update(width=size, height=size, crop_w=0, crop_h=0, target_width=size, target_height=size)
+    else:
+        extra["guidance"] = 3.5  # FluxGuidance's default
+    cond = [[cross_attn, extra]]
+    return comfy.hooks.set_conds_props([cond], strength, set_cond_area, mask, hooks, timesteps_range)[0]
+
+
+def sample(
+    model: ModelPatcher,
+    positive: Conditioning,
+    negative: Conditioning,
+    seed: int = 0,
+    steps: int = 3,
+    cfg: float = 2.0,
+    sampler_name: str = "euler",
+    scheduler: str = "simple",
+    latent_size: int | None = None,
+    denoise: float = 1.0,
+) -> torch.Tensor:
+    """The latent ``nodes.common_ksampler`` (KSampler's body) makes from an empty latent.
+
+    ``latent_size`` defaults to LATENT_SIZE of the model's architecture; the channel count comes from
+    the model's latent format (4 for SDXL, 16 for Flux).
+    """
+    import nodes
+
+    arch = "flux" if model.model.latent_format.latent_channels == 16 else "sdxl"
+    size = latent_size or LATENT_SIZE[arch]
+    empty = {"samples": torch.zeros((1, model.model.latent_format.latent_channels, size, size))}
+    out = nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, empty,
+                                denoise=denoise)
+    return out[0]["samples"]

@@ -1,0 +1,183 @@
+"""Tiny SDXL- and Flux-architecture diffusion models and LoRAs that ComfyUI's own loaders detect.
+
+The hook engine must be checked on more than SD1.5, and no weights can be downloaded, so this
+module makes UNet/DiT-only files (what the UNETLoader node, ``comfy.sd.load_diffusion_model``,
+reads from ``models/diffusion_models``) and LoRAs for them. Generation, hashing and the manifest are
+tiny_models' (``ensure_models`` covers these files too); weights follow its initialisation.
+
+SDXL: ``comfy.supported_models`` tells SDXL-family UNets apart only by model_channels (320),
+use_linear_in_transformer, context_dim (2048), adm_in_channels (2816) and the encoder's
+per-res-block ``transformer_depth``; SDXL [0,0,2,2,10,10], SSD-1B [0,0,2,2,4,4], Segmind Vega
+[0,0,1,1,2,2] and KOALA-700M [0,2,5] all build ``comfy.model_base.SDXL``. The smallest is KOALA's
+(one res block per level, 7 encoder transformer blocks). Channel multipliers, decoder and middle
+depths are read from the file but not matched, so all three levels stay 320 wide with one
+transformer block per decoder res block and in the middle: 77 M parameters, SDXL's real key layout
+(``input_blocks.4.1.transformer_blocks.0.attn2.to_k``), detected as KOALA_700M, model class SDXL.
+
+Flux: detection fixes num_heads 24 and axes_dim [16, 56, 56], and the model requires
+hidden_size / num_heads == sum(axes_dim), so hidden_size must be Flux's 3072. Only the block
+counts, context_in_dim and vec_in_dim are free: one double and one single block, 64-wide text
+tokens and pooled vector, guidance embedding on (Flux-dev, ``comfy.supported_models.Flux``).
+That is 531 M parameters (1 GiB in fp16) and cannot be made smaller for this loader.
+
+LoRAs (rank 8, fp16):
+- ``patchbay-sdxl-locon-r8``: kohya, LDM-style ``lora_unet_input_blocks_4_1_...`` names as sd-scripts
+  writes them for SDXL: every transformer linear plus the res-block and resampler convs (LoCon).
+- ``patchbay-flux-kohya-r8``: kohya ``lora_unet_double_blocks_0_img_attn_qkv`` names, every block linear.
+- ``patchbay-flux-diffusers-r8``: diffusers/PEFT ``transformer.transformer_blocks.0.attn.to_q.lora_A``
+  names; ComfyUI maps q, k, v (and the single blocks' mlp) onto slices of the fused weights.
+- ``patchbay-flux-bfl-r8``: BFL's own layout (the flux1 canny/depth LoRAs): ``<module>.lora_A/lora_B``
+  with ``lora_B.bias`` on every linear, a 128-channel ``img_in`` and RMSNorm scales. Only
+  ``comfy.lora_convert.convert_lora`` (which LoraLoader runs) maps it to the model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tiny_models
+import torch
+from tiny_models import GAIN, LORA_REL, init_module
+from tiny_weights import LoraSpec, Tensors, lora_module, low_rank_pair, uniform
+
+SDXL_STEM, FLUX_STEM = "patchbay-sdxl-tiny", "patchbay-flux-tiny"
+# The UNet as comfy/model_detection.py reports it for the SDXL file (see the module docstring).
+SDXL_UNET = {
+    "use_checkpoint": False, "image_size": 32, "use_spatial_transformer": True, "legacy": False,
+    "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4, "out_channels": 4,
+    "model_channels": 320, "num_res_blocks": [1, 1, 1], "transformer_depth": [0, 2, 5],
+    "transformer_depth_output": [0, 0, 1, 1, 1, 1], "channel_mult": [1, 1, 1],
+    "transformer_depth_middle": 1, "use_linear_in_transformer": True, "context_dim": 2048,
+    "use_temporal_resblock": False, "use_temporal_attention": False,
+}
+# The DiT as comfy/model_detection.py reports it for the Flux file.
+FLUX_DIT = {
+    "image_model": "flux", "axes_dim": [16, 56, 56], "num_heads": 24, "mlp_ratio": 4.0, "theta": 10000,
+    "out_channels": 16, "qkv_bias": True, "in_channels": 16, "hidden_size": 3072, "context_in_dim": 64,
+    "patch_size": 2, "vec_in_dim": 64, "depth": 1, "depth_single_blocks": 1, "guidance_embed": True,
+}
+RANK = 8
+GENERATOR = "devtools/tiny_arch.py"
+SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL = (
+    "patchbay-sdxl-locon-r8", "patchbay-flux-kohya-r8", "patchbay-flux-diffusers-r8", "patchbay-flux-bfl-r8"
+)
+LORA_STEMS = (SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL)
+# kohya SDXL targets: transformer linears (attention, feed-forward, linear proj_in/out); LoCon adds
+# the res blocks' convs and time-embedding linears, the skip 1x1 convs and the resampler convs.
+SDXL_SUFFIXES = (
+    ".to_q", ".to_k", ".to_v", ".to_out.0", ".ff.net.0.proj", ".ff.net.2", ".proj_in", ".proj_out",
+    ".in_layers.2", ".out_layers.3", ".emb_layers.1", ".skip_connection", ".op", ".conv",
+)
+BFL_CONTROL_CHANNELS = 128  # img_in of the canny/depth models: 64 latent + 64 control channels
+
+
+def unet_rel(stem: str) -> str:
+    return f"diffusion_models/{stem}.safetensors"
+
+
+def lora_rel(stem: str) -> str:
+    return f"loras/{stem}.safetensors"
+
+
+def all_rels() -> list[str]:
+    return [unet_rel(SDXL_STEM), unet_rel(FLUX_STEM)] + [lora_rel(s) for s in LORA_STEMS]
+
+
+def _delta_std(shape: tuple[int, ...]) -> float:
+    return LORA_REL * GAIN / math.sqrt(math.prod(shape[1:]))
+
+
+class ArchModels:
+    """ComfyUI's SDXL and Flux classes on the meta device, and the files generation derives from them."""
+
+    def __init__(self) -> None:
+        tiny_models.import_comfy_on_cpu()
+        import comfy.model_base
+        import comfy.model_detection
+        import comfy.supported_models
+        import comfy.utils
+
+        self.flux_to_diffusers = comfy.utils.flux_to_diffusers
+        with torch.device("meta"):
+            self.sdxl = comfy.supported_models.KOALA_700M(SDXL_UNET).get_model({}, device="meta")
+            self.flux = comfy.supported_models.Flux(FLUX_DIT).get_model({}, device="meta")
+        for model, expected in ((self.sdxl, comfy.model_base.SDXL), (self.flux, comfy.model_base.Flux)):
+            layout = model.diffusion_model.state_dict()
+            detected = comfy.model_detection.model_config_from_unet(layout, "")
+            built = detected and type(detected.get_model({}, device="meta"))
+            if built is not expected:
+                raise RuntimeError(f"ComfyUI detects tiny {expected.__name__} as {built}: fix its config.")
+
+    def unet(self, stem: str) -> Tensors:
+        model = self.sdxl if stem == SDXL_STEM else self.flux
+        return init_module(model.diffusion_model, "", f"{stem}/unet")
+
+    def sdxl_lora(self) -> Tensors:
+        out = {}
+        for module_name, module in self.sdxl.diffusion_model.named_modules():
+            if module_name.endswith(SDXL_SUFFIXES) and isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
+                name, shape = "lora_unet_" + module_name.replace(".", "_"), tuple(module.weight.shape)
+                spec = LoraSpec(SDXL_LORA, "locon", RANK)
+                out.update(lora_module(name, shape, spec, _delta_std(shape), f"{SDXL_LORA}/{name}"))
+                out[f"{name}.alpha"] = torch.tensor(spec.alpha, dtype=torch.float16)
+        return out
+
+    def _flux_linears(self, blocks_only: bool) -> dict[str, tuple[int, ...]]:
+        found = {name: tuple(m.weight.shape) for name, m in self.flux.diffusion_model.named_modules()
+                 if isinstance(m, torch.nn.Linear)}
+        return {n: s for n, s in found.items() if not blocks_only or n.startswith(("double_", "single_"))}
+
+    def flux_kohya_lora(self) -> Tensors:
+        out, spec = {}, LoraSpec(FLUX_KOHYA, "lora", RANK)
+        for module_name, shape in self._flux_linears(blocks_only=True).items():
+            name = "lora_unet_" + module_name.replace(".", "_")
+            out.update(lora_module(name, shape, spec, _delta_std(shape), f"{FLUX_KOHYA}/{name}"))
+            out[f"{name}.alpha"] = torch.tensor(spec.alpha, dtype=torch.float16)
+        return out
+
+    def flux_diffusers_lora(self) -> Tensors:
+        """PEFT names from ComfyUI's own diffusers map; q/k/v/mlp target slices of the fused weights."""
+        shapes = self._flux_linears(blocks_only=True)
+        out = {}
+        for name, target in self.flux_to_diffusers(FLUX_DIT).items():
+            in_blocks = name.startswith(("transformer_blocks.", "single_transformer_blocks."))
+            if not (in_blocks and name.endswith(".weight")):
+                continue
+            key, (dim, _, size) = target if isinstance(target, tuple) else (target, (0, 0, None))
+            if not key.endswith(".weight"):
+                continue
+            shape = list(shapes[key.removesuffix(".weight")])
+            shape[dim] = size or shape[dim]
+            shape, module = tuple(shape), "transformer." + name.removesuffix(".weight")
+            down, up = low_rank_pair(shape, RANK, 1.0, _delta_std(shape), f"{FLUX_DIFFUSERS}/{module}")
+            out.update({f"{module}.lora_A.weight": down, f"{module}.lora_B.weight": up})
+        return out
+
+    def flux_bfl_lora(self) -> Tensors:
+        """BFL control-LoRA layout: lora_A/lora_B/lora_B.bias on every linear, norm scales, wider img_in."""
+        out = {}
+        for module, shape in self._flux_linears(blocks_only=False).items():
+            if module == "img_in":
+                shape = (shape[0], BFL_CONTROL_CHANNELS)
+            seed = f"{FLUX_BFL}/{module}"
+            down, up = low_rank_pair(shape, RANK, 1.0, _delta_std(shape), seed)
+            bias = uniform(f"{seed}/bias", shape[:1], _delta_std(shape))
+            out.update({f"{module}.lora_A.weight": down, f"{module}.lora_B.weight": up,
+                        f"{module}.lora_B.bias": bias})
+        for key, param in self.flux.diffusion_model.state_dict().items():
+            if key.endswith("_norm.scale"):
+                shape = tuple(param.shape)
+                out[key] = torch.ones(shape, dtype=torch.float16) + uniform(f"{FLUX_BFL}/{key}", shape, 0.1)
+        return out
+
+    def build(self, rel: str) -> tuple[Tensors, dict[str, str]]:
+        """Tensors and safetensors metadata of the file at ``rel``."""
+        architecture = {SDXL_STEM: "stable-diffusion-xl-v1-base", FLUX_STEM: "flux-1-dev"}
+        for stem in architecture:
+            if rel == unet_rel(stem):
+                return self.unet(stem), tiny_models.model_metadata(stem, architecture[stem], GENERATOR)
+        builders = {SDXL_LORA: self.sdxl_lora, FLUX_KOHYA: self.flux_kohya_lora,
+                    FLUX_DIFFUSERS: self.flux_diffusers_lora, FLUX_BFL: self.flux_bfl_lora}
+        stem = next(s for s in LORA_STEMS if rel == lora_rel(s))
+        base = architecture[SDXL_STEM] if stem == SDXL_LORA else architecture[FLUX_STEM]
+        return builders[stem](), tiny_models.model_metadata(stem, f"{base}/lora", GENERATOR)
