@@ -1,0 +1,154 @@
+"""T0: our methods give sd-mecha 1.1.8's numbers (fp32, <= 1e-5) for each deterministic method both have.
+
+sd-mecha runs through its public API (``sd_mecha.merge`` of in-memory state dicts, fp32), ours
+through ``registry.get(name).fn`` on the same tensors. Seeded methods are compared where both
+draw from the same torch generator (DARE / DELLA with an explicit seed).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.t0
+
+sd_mecha = pytest.importorskip("sd_mecha")
+from sd_mecha.extensions.builtin.merge_methods import (  # noqa: E402
+    cosine,
+    limiting,
+    linear,
+    slicing,
+    svd,
+    ties,
+)
+
+crossover = sys.modules["sd_mecha.extensions.builtin.merge_methods.crossover"]  # the name is shadowed
+
+KEY = "layer.weight"
+
+
+def t(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+A, B, C = t(8, 6, seed=11), t(8, 6, seed=12), t(8, 6, seed=13)
+CONV_A, CONV_B = t(4, 3, 3, 3, seed=14), t(4, 3, 3, 3, seed=15)
+
+
+def sdm(tensor, space="weight"):
+    return sd_mecha.model({KEY: tensor}, merge_space=space)
+
+
+def run_sd_mecha(node, space):
+    out: dict = {}
+    sd_mecha.merge(node, output=out, merge_dtype=torch.float32, output_dtype=torch.float32,
+                   merge_device="cpu", output_device="cpu", threads=0, tqdm=_NoBar, strict_merge_space=space)
+    return out[KEY]
+
+
+class _NoBar:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, *args, **kwargs):
+        pass
+
+    def set_postfix(self, *args, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def ours(pack):
+    from patchbay.merge import registry
+    from patchbay.merge.context import KeyContext
+
+    def call(name, *tensors, **scalars):
+        return registry.get(name).fn(*tensors, **scalars, ctx=KeyContext(key=KEY, cache={}))
+
+    return call
+
+
+D1, D2, D3 = A - C, B - C, t(8, 6, seed=16)
+
+CASES = [
+    ("weighted_sum", lambda: linear.weighted_sum(sdm(A), sdm(B), alpha=0.3), (A, B), {"alpha": 0.3}),
+    ("n_average", lambda: linear.n_average(sdm(A), sdm(B), sdm(C)), (A, B, C), {}),
+    ("slerp", lambda: linear.slerp(sdm(A), sdm(B), alpha=0.35), (A, B), {"alpha": 0.35}),
+    ("slerp_parallel", lambda: linear.slerp(sdm(A), sdm(2 * A), alpha=0.35), (A, 2 * A), {"alpha": 0.35}),
+    ("add_difference", lambda: linear.add_difference(sdm(A), sdm(D2, "delta"), alpha=0.7), (A, D2),
+     {"alpha": 0.7}),
+    ("subtract", lambda: linear.subtract(sdm(A), sdm(B)), (A, B), {}),
+    ("perpendicular_component", lambda: linear.perpendicular_component(sdm(A), sdm(B)), (A, B), {}),
+    ("train_difference_mask", lambda: linear.train_difference_mask(sdm(A), sdm(B), sdm(C), alpha=0.6),
+     (A, B, C), {"alpha": 0.6}),
+    ("multiply_quotient", lambda: linear.multiply_quotient(sdm(A), sdm(B), sdm(C), alpha=0.8), (A, B, C),
+     {"alpha": 0.8}),
+    ("add_cosine_a", lambda: cosine.add_cosine_a(sdm(A), sdm(B), alpha=0.1), (A, B), {"alpha": 0.1}),
+    ("add_cosine_b", lambda: cosine.add_cosine_b(sdm(A), sdm(B), alpha=0.1), (A, B), {"alpha": 0.1}),
+    ("crossover", lambda: crossover.crossover(sdm(A), sdm(B), alpha=0.4, tilt=0.3), (A, B),
+     {"alpha": 0.4, "tilt": 0.3}),
+    ("crossover_sharp", lambda: crossover.crossover(sdm(CONV_A), sdm(CONV_B), alpha=0.6, tilt=0.0),
+     (CONV_A, CONV_B), {"alpha": 0.6, "tilt": 0.0}),
+    ("tensor_sum", lambda: slicing.tensor_sum(sdm(A), sdm(B), width=0.4, offset=0.8), (A, B),
+     {"width": 0.4, "offset": 0.8}),
+    ("top_k_tensor_sum", lambda: slicing.top_k_tensor_sum(sdm(A), sdm(B), width=0.5, offset=0.25), (A, B),
+     {"width": 0.5, "offset": 0.25}),
+    ("clamp", lambda: limiting.clamp(sdm(A), sdm(B), sdm(C), stiffness=0.3), (A, B, C), {"stiffness": 0.3}),
+    ("ties_sum", lambda: ties.ties_sum(sdm(D1, "delta"), sdm(D2, "delta"), sdm(D3, "delta"), k=0.5),
+     (D1, D2, D3), {"k": 0.5}),
+    ("ties_sum_extended", lambda: ties.ties_sum_extended(sdm(D1, "delta"), sdm(D2, "delta"), k=0.3),
+     (D1, D2), {"k": 0.3}),
+    ("ties_sum_extended_median", lambda: ties.ties_sum_extended(
+        sdm(D1, "delta"), sdm(D2, "delta"), sdm(D3, "delta"), k=0.7, apply_median=True),
+     (D1, D2, D3), {"k": 0.7, "apply_median": True}),
+    ("ties_sum_with_dropout", lambda: ties.ties_sum_with_dropout(
+        sdm(D1, "delta"), sdm(D2, "delta"), probability=0.3, k=0.8, seed=42),
+     (D1, D2), {"probability": 0.3, "k": 0.8, "seed": 42}),
+    ("della", lambda: ties.ties_sum_with_dropout(
+        sdm(D1, "delta"), sdm(D2, "delta"), probability=0.4, della_eps=0.2, k=1.0, seed=5),
+     (D1, D2), {"probability": 0.4, "della_eps": 0.2, "k": 1.0, "seed": 5}),
+    ("model_stock", lambda: ties.model_stock(sdm(D1, "delta"), sdm(D2, "delta"), sdm(D3, "delta")),
+     (D1, D2, D3), {}),
+    ("geometric_median", lambda: ties.geometric_median(sdm(A), sdm(B), sdm(C), sdm(D3)), (A, B, C, D3), {}),
+    ("rotate", lambda: svd.rotate(sdm(A), sdm(B), alignment=1.0, alpha=0.3), (A, B),
+     {"alignment": 1.0, "alpha": 0.3}),
+    ("rotate_fractional", lambda: svd.rotate(sdm(A), sdm(B), alignment=0.5, alpha=0.0), (A, B),
+     {"alignment": 0.5, "alpha": 0.0}),
+    ("rotate_conv", lambda: svd.rotate(sdm(CONV_A), sdm(CONV_B), alignment=1.0, alpha=0.5,
+                                       centralization=0.5),
+     (CONV_A, CONV_B), {"alignment": 1.0, "alpha": 0.5, "centralization": 0.5}),
+    ("truncate_rank", lambda: svd.truncate_rank(sdm(D1, "delta"), rank=3, use_approximate_basis=False),
+     (D1,), {"rank": 3, "use_approximate_basis": False}),
+]
+
+
+@pytest.mark.parametrize(("name", "build", "tensors", "scalars"), CASES, ids=[c[0] for c in CASES])
+def test_same_numbers_as_sd_mecha(pack, ours, name, build, tensors, scalars):
+    from patchbay.merge import registry
+
+    method = name.split("_parallel")[0].split("_sharp")[0]
+    method = {"ties_sum_extended_median": "ties_sum_extended", "della": "ties_sum_with_dropout",
+              "rotate_fractional": "rotate", "rotate_conv": "rotate"}.get(method, method)
+    space = registry.get(method).output
+    expected = run_sd_mecha(build(), "delta" if space == "delta" or tensors[0] is D1 else
+                            "param" if space == "param" else "weight")
+    got = ours(method, *tensors, **scalars)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected.to(got.dtype), atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+
+
+def test_sd_mecha_rotate_wrapper_is_broken_in_1_1_8():
+    """Why we compare against ``svd.rotate``: the public ``sd_mecha.rotate`` calls a missing method."""
+    with pytest.raises(AttributeError, match="set_cache"):
+        sd_mecha.rotate(sdm(A), sdm(B), alignment=0.5)
