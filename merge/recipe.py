@@ -114,7 +114,7 @@ def _split_positional(spec: MergeMethod, args: tuple, kwargs: dict) -> tuple[tup
 def _as_tensor(spec: MergeMethod, index: int, value: Any) -> Node:
     if isinstance(value, TENSOR_NODES):
         return value
-    name = _inputlabel(spec, index)
+    name = _input_label(spec, index)
     hint = " (wrap a file path in model(...))" if isinstance(value, str) else ""
     raise RecipeError((name,), f"expects a tensor recipe (model, method call or free input), "
                                f"got {type(value).__name__} {value!r}{hint}")
@@ -150,7 +150,7 @@ def check_call(node: CallNode, path: tuple[str, ...], spec: MergeMethod | None =
     any_space = None
     for index, arg in enumerate(node.args):
         wanted, got = spec.input_space(index), output_space(arg)
-        where = path + (_inputlabel(spec, index),)
+        where = path + (_input_label(spec, index),)
         if wanted == ANY and got != ANY:
             if any_space not in (None, got):
                 raise RecipeError(where, f"is in {got} space but the other inputs are in {any_space} space")
@@ -172,24 +172,23 @@ def _check_kwarg(spec: MergeMethod, name: str, value: Node, path: tuple[str, ...
                 entry = f" (entry {key!r})" if value.is_map else ""
                 raise RecipeError(path, f"{scalar!r}{entry} is not a {pspec.type.__name__}")
     elif isinstance(value, CallNode):
-        if pspec.type is not float or output_space(value) != PARAM:
+        if pspec.type is not float or output_space(value, path) != PARAM:
             raise RecipeError(path, "only a float parameter takes a method call, and that call must "
                                     "return a param-space tensor (e.g. train_difference_mask)")
     elif not isinstance(value, ParamNode):
         raise RecipeError(path, f"expects a scalar, got {type(value).__name__}")
 
 
-def output_space(node: Node) -> str:
+def output_space(node: Node, path: tuple[str, ...] = ()) -> str:
     """The merge space a tensor node produces (``any`` when it cannot be known yet)."""
-    if isinstance(node, ModelNode):
-        return node.space
-    if isinstance(node, FreeInput):
+    if isinstance(node, (ModelNode, FreeInput)):
         return node.space
     if isinstance(node, CallNode):
-        spec = _method(node.method, ())
+        spec = _method(node.method, path)
         if spec.output != ANY:
             return spec.output
-        spaces = {output_space(a) for i, a in enumerate(node.args) if spec.input_space(i) == ANY} - {ANY}
+        spaces = {output_space(a, path + (_input_label(spec, i),)) for i, a in enumerate(node.args)
+                  if spec.input_space(i) == ANY} - {ANY}
         return spaces.pop() if len(spaces) == 1 else ANY
     return PARAM
 
@@ -216,7 +215,7 @@ def walk(root: Node) -> Iterator[tuple[tuple[str, ...], Node]]:
         yield path, node
         if isinstance(node, CallNode):
             spec = _method(node.method, path)
-            children = [(path + (_inputlabel(spec, i),), a) for i, a in enumerate(node.args)]
+            children = [(path + (_input_label(spec, i),), a) for i, a in enumerate(node.args)]
             children += [(path + (f"{node.method}.{k}",), v) for k, v in node.kwargs]
             stack.extend(reversed(children))
 
@@ -238,7 +237,7 @@ def _method(name: str, path: tuple[str, ...]) -> MergeMethod:
         raise RecipeError(path, str(exc)) from None
 
 
-def _inputlabel(spec: MergeMethod, index: int) -> str:
+def _input_label(spec: MergeMethod, index: int) -> str:
     if index < len(spec.inputs) and not spec.inputs[index].variadic:
         return f"{spec.name}.{spec.inputs[index].name}"
     fixed = sum(1 for i in spec.inputs if not i.variadic)
