@@ -1,0 +1,176 @@
+"""The executable form of a recipe: ``Leaf`` (one input source), ``Call`` (a resolved method), scalars.
+
+``compile_recipe`` turns a closed recipe graph (merge/recipe.py) into these steps once per merge:
+model paths are resolved and deduplicated into source indices, method names are looked up in the
+registry, scalars stay numbers and map literals stay ``LiteralNode``s that ``Graph.scalar``
+resolves per key. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to bind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import io as mio
+from .recipe import RecipeError
+
+# Methods whose output element i depends only on element i of the inputs, with no randomness: the
+# executor may evaluate them slice by slice. A method can also declare ``elementwise = True``.
+ELEMENTWISE = frozenset({"weighted_sum", "n_average", "add_difference", "subtract", "train_difference",
+                         "train_difference_mask"})
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Input source number ``index`` (a model file or a LoRA)."""
+
+    index: int
+
+
+@dataclass(eq=False)
+class Call:
+    """A method call: the registry entry, its tensor arguments and its scalar keyword arguments."""
+
+    method: Any
+    args: tuple
+    kwargs: dict[str, Any]
+    cache: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def elementwise(self) -> bool:
+        flag = getattr(self.method, "elementwise", None)
+        return bool(flag) if flag is not None else self.method.name in ELEMENTWISE
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A model input: resolved path and the merge space it enters the recipe in."""
+
+    path: Path
+    space: str
+
+
+@dataclass
+class Graph:
+    """A compiled recipe: the root step and the distinct sources its leaves refer to."""
+
+    root: Any
+    sources: list[SourceSpec]
+
+    def open_sources(self) -> list:
+        """Open every source lazily (headers only); LoRA files become delta-space sources."""
+        from . import lora
+
+        files = mio.open_models(spec.path for spec in self.sources)
+        base = next((f for f in files if not f.arch.startswith("lora")), None)
+        opened = []
+        for spec, file in zip(self.sources, files, strict=True):
+            if file.arch.startswith("lora"):
+                opened.append(lora.LoraSource(file, base))
+            else:
+                opened.append(FileSource(file, spec.space))
+        return opened
+
+    @staticmethod
+    def scalar(value: Any, key: str, arch: str) -> Any:
+        """A scalar for ``key``: numbers pass through, a map literal is resolved per block or key glob."""
+        return value.scalar_for(arch, key) if hasattr(value, "scalar_for") else value
+
+
+class FileSource:
+    """A model file used as an input, in weight space unless the recipe says otherwise."""
+
+    def __init__(self, file: mio.SafetensorsFile, space: str = "weight") -> None:
+        self.file, self.space, self.arch = file, space, file.arch
+        self.name = file.path.name
+        self._keys = {file.canonical(k): k for k in file.tensors}
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def has(self, key: str) -> bool:
+        return key in self._keys
+
+    def info(self, key: str) -> mio.TensorInfo:
+        return self.file.tensors[self._keys[key]]
+
+    def read_bytes(self, key: str) -> int:
+        return self.info(key).nbytes
+
+    def read_into(self, key: str, buffer):
+        return self.file.read_into(self._keys[key], buffer)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = ()) -> Graph:
+    """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``."""
+    from . import registry
+
+    sources: list[SourceSpec] = []
+    index: dict[Path, int] = {}
+    memo: dict[int, Any] = {}
+
+    def visit(node: Any) -> Any:
+        if id(node) in memo:
+            return memo[id(node)]
+        kind = type(node).__name__
+        if kind == "ModelNode":
+            path = resolve_path(Path(os.fspath(node.path)), search_dirs)
+            if path not in index:
+                index[path] = len(sources)
+                sources.append(SourceSpec(path, node.space))
+            step: Any = Leaf(index[path])
+        elif kind == "CallNode":
+            try:
+                method = registry.get(node.method)
+            except registry.UnknownMethodError as error:
+                raise RecipeError((node.method,), str(error)) from None
+            kwargs = dict(node.kwargs)
+            for name in kwargs:
+                try:
+                    method.param(name)
+                except KeyError as error:
+                    raise RecipeError((node.method,), str(error.args[0])) from None
+            step = Call(method, tuple(visit(a) for a in node.args), {k: visit(v) for k, v in kwargs.items()})
+        elif kind == "LiteralNode":
+            step = node if node.is_map else node.value
+        elif kind in ("FreeInput", "ParamNode"):
+            raise RecipeError((node.name,), f"the recipe has an unbound {kind}; bind it first "
+                              "(recipe.bind(root, inputs=..., params=...), or --param NAME=VALUE)")
+        else:
+            raise RecipeError((), f"cannot execute recipe node {node!r} ({kind})")
+        memo[id(node)] = step
+        return step
+
+    root = visit(recipe)
+    if not sources:
+        raise RecipeError((), "the recipe has no model input; nothing to merge")
+    return Graph(root, sources)
+
+
+def resolve_path(path: Path, search_dirs: tuple[Path, ...]) -> Path:
+    """``path`` if it exists (or is absolute), else the first ``search_dirs`` entry that has it."""
+    path = path.expanduser()
+    if path.is_absolute() or path.exists():
+        return path.resolve() if path.exists() else path
+    for folder in search_dirs:
+        candidate = Path(folder) / path
+        if candidate.exists():
+            return candidate.resolve()
+    return path
+
+
+def recipe_text(recipe: Any) -> str:
+    """The recipe as .mecha text for the output's metadata (``repr`` until mecha_text is available)."""
+    try:
+        from . import mecha_text
+    except ImportError:
+        return repr(recipe)
+    try:
+        return mecha_text.dumps(recipe)
+    except Exception as error:  # noqa: BLE001 - metadata must never fail a finished merge
+        return f"# not printable as .mecha ({error}): {recipe!r}"

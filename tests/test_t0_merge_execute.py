@@ -1,0 +1,291 @@
+"""T0: the streaming merge executor (merge/execute.py, merge/stream.py) on small generated files.
+
+Every merge is compared with the same recipe evaluated in memory on whole fp32 tensors; policies,
+dtypes, atomicity (no partial or temporary file after an error or Ctrl-C, existing files
+untouched) and the memory-budget spill are checked on files of a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+pytestmark = pytest.mark.t0
+
+SHAPES = {
+    "model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3),
+    "model.diffusion_model.input_blocks.0.0.bias": (8,),
+    "model.diffusion_model.middle_block.1.proj_in.weight": (16, 24),
+    "model.diffusion_model.out.2.weight": (300, 70),  # several slices at chunk_elements=4096
+    "cond_stage_model.transformer.text_model.embeddings.position_ids": (1, 7),
+}
+
+
+@pytest.fixture(scope="module")
+def m(pack):
+    from patchbay.merge import execute, io, recipe, registry, stream
+
+    return type("M", (), {"execute": execute, "io": io, "recipe": recipe, "registry": registry,
+                          "stream": stream})
+
+
+def make_model(path: Path, seed: int, shapes: dict | None = None, dtype=torch.float16) -> Path:
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for key, shape in (shapes or SHAPES).items():
+        if key.endswith("position_ids"):
+            tensors[key] = torch.arange(shape[-1], dtype=torch.int64).reshape(shape)
+        else:
+            tensors[key] = torch.randn(shape, generator=gen).to(dtype)
+    save_file(tensors, str(path))
+    return path
+
+
+@pytest.fixture
+def abc(tmp_path):
+    return [make_model(tmp_path / f"{n}.safetensors", seed) for n, seed in (("a", 1), ("b", 2), ("c", 3))]
+
+
+def opts(m, **kwargs):
+    kwargs.setdefault("progress", False)
+    kwargs.setdefault("fsync", False)
+    return m.execute.MergeOptions(**kwargs)
+
+
+def register(m, fn, *inputs):
+    """Register a throwaway weight-space method (annotations set here: this module postpones them)."""
+    fn.__annotations__ = {**dict.fromkeys(inputs, m.registry.Weight), "return": m.registry.Weight}
+    return m.registry.merge_method(fn)
+
+
+def reference(m, recipe, paths, key):
+    """The recipe on whole fp32 tensors in memory: method.fn applied recursively."""
+    from patchbay.merge.context import KeyContext
+
+    tensors = {str(p): load_file(str(p))[key].float() for p in paths}
+
+    def ev(node):
+        kind = type(node).__name__
+        if kind == "ModelNode":
+            return tensors[str(Path(node.path))]
+        if kind == "LiteralNode":
+            return node.value
+        method = m.registry.get(node.method)
+        return method.fn(*(ev(a) for a in node.args), **{k: ev(v) for k, v in node.kwargs},
+                         ctx=KeyContext(key=key))
+
+    return ev(recipe)
+
+
+RECIPES = {
+    "weighted_sum": lambda R, a, b, c: R.weighted_sum(a, b, alpha=0.3),
+    "add_difference": lambda R, a, b, c: R.add_difference(a, R.subtract(b, c), alpha=0.7),
+    "n_average": lambda R, a, b, c: R.n_average(a, b, c),
+    "slerp": lambda R, a, b, c: R.slerp(a, b, alpha=0.25),  # not elementwise: whole tensors
+    "nested": lambda R, a, b, c: R.weighted_sum(R.slerp(a, c, alpha=0.5),
+                                                R.add_difference(b, R.subtract(a, c)), alpha=0.4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_streaming_output_equals_in_memory_reference(m, abc, tmp_path, name):
+    R = m.recipe
+    recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
+    out = tmp_path / "out.safetensors"
+    report = m.execute.merge(recipe, out, opts(m, dtype="fp32", chunk_elements=4096))
+    merged = load_file(str(out))
+    assert report.keys == len(SHAPES) == len(merged)
+    for key in SHAPES:
+        if key.endswith("position_ids"):
+            assert torch.equal(merged[key], load_file(str(abc[0]))[key])  # non-float: copied
+            continue
+        expected = reference(m, recipe, abc, key)
+        assert merged[key].dtype == torch.float32
+        torch.testing.assert_close(merged[key], expected, rtol=0, atol=1e-6)
+    assert "patchbay.recipe" in m.io.SafetensorsFile(out).metadata
+
+
+@pytest.mark.parametrize(("dtype", "torch_dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16),
+                                                    ("fp32", torch.float32)])
+def test_output_dtype(m, abc, tmp_path, dtype, torch_dtype):
+    R = m.recipe
+    recipe = R.weighted_sum(R.model(str(abc[0])), R.model(str(abc[1])), alpha=0.5)
+    out = tmp_path / "out.safetensors"
+    m.execute.merge(recipe, out, opts(m, dtype=dtype))
+    merged = load_file(str(out))
+    key = "model.diffusion_model.out.2.weight"
+    assert merged[key].dtype == torch_dtype
+    assert torch.equal(merged[key], reference(m, recipe, abc, key).to(torch_dtype))
+    assert merged["cond_stage_model.transformer.text_model.embeddings.position_ids"].dtype == torch.int64
+
+
+def test_inpainting_conv_in_merges_the_overlap(m, tmp_path):
+    conv_in = "model.diffusion_model.input_blocks.0.0.weight"
+    inpaint = make_model(tmp_path / "inpaint.safetensors", 1, {**SHAPES, conv_in: (8, 9, 3, 3)})
+    normal = make_model(tmp_path / "normal.safetensors", 2)
+    base = make_model(tmp_path / "base.safetensors", 3)
+    R = m.recipe
+    recipe = R.add_difference(R.model(str(inpaint)), R.subtract(R.model(str(normal)), R.model(str(base))))
+    out = tmp_path / "out.safetensors"
+    report = m.execute.merge(recipe, out, opts(m, dtype="fp32"))
+    assert report.shape_mismatches == [conv_in] and report.warnings
+    merged, i, n, b = (load_file(str(p))[conv_in].float() for p in (out, inpaint, normal, base))
+    assert merged.shape == (8, 9, 3, 3)
+    torch.testing.assert_close(merged[:, :4], i[:, :4] + (n - b), rtol=0, atol=1e-6)
+    assert torch.equal(merged[:, 4:], i[:, 4:])  # the extra mask/latent channels stay the inpainting model's
+
+
+def test_shape_policies_first_and_error(m, tmp_path):
+    conv_in = "model.diffusion_model.input_blocks.0.0.weight"
+    inpaint = make_model(tmp_path / "inpaint.safetensors", 1, {**SHAPES, conv_in: (8, 9, 3, 3)})
+    normal = make_model(tmp_path / "normal.safetensors", 2)
+    R = m.recipe
+    recipe = R.weighted_sum(R.model(str(inpaint)), R.model(str(normal)))
+    out = tmp_path / "out.safetensors"
+    m.execute.merge(recipe, out, opts(m, shape_policy="first"))
+    assert torch.equal(load_file(str(out))[conv_in], load_file(str(inpaint))[conv_in])
+    with pytest.raises(m.execute.MergeError, match="different shapes.*inpaint.safetensors"):
+        m.execute.merge(recipe, tmp_path / "err.safetensors", opts(m, shape_policy="error"))
+    assert not (tmp_path / "err.safetensors").exists()
+
+
+def test_missing_key_policies(m, tmp_path):
+    extra = "model.diffusion_model.extra.weight"
+    a = make_model(tmp_path / "a.safetensors", 1, {**SHAPES, extra: (5, 5)})
+    b = make_model(tmp_path / "b.safetensors", 2)
+    R = m.recipe
+    recipe = R.weighted_sum(R.model(str(a)), R.model(str(b)), alpha=0.5)
+    report = m.execute.merge(recipe, tmp_path / "first.safetensors", opts(m))
+    assert report.missing == {extra: ["b.safetensors"]}
+    assert torch.equal(load_file(str(tmp_path / "first.safetensors"))[extra], load_file(str(a))[extra])
+    report = m.execute.merge(recipe, tmp_path / "skip.safetensors", opts(m, missing_policy="skip"))
+    assert report.skipped == [extra] and extra not in load_file(str(tmp_path / "skip.safetensors"))
+    with pytest.raises(m.execute.MergeError, match="missing from some inputs.*b.safetensors"):
+        m.execute.merge(recipe, tmp_path / "error.safetensors", opts(m, missing_policy="error"))
+    assert not (tmp_path / "error.safetensors").exists()
+
+
+def test_never_overwrites_unless_asked_and_leaves_no_temporary_file(m, abc, tmp_path):
+    R = m.recipe
+    recipe = R.weighted_sum(R.model(str(abc[0])), R.model(str(abc[1])))
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"precious")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        m.execute.merge(recipe, out, opts(m))
+    assert out.read_bytes() == b"precious"
+    m.execute.merge(recipe, out, opts(m, overwrite=True, fsync=True))
+    assert len(load_file(str(out))) == len(SHAPES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors",
+                                                           "out.safetensors"]
+
+
+@pytest.mark.parametrize("exception", [RuntimeError, KeyboardInterrupt])
+def test_error_mid_merge_leaves_no_partial_file_and_existing_files_untouched(m, abc, tmp_path, exception):
+    calls = []
+    with m.registry.scope():
+        def explode_third(a, b):
+            """Fails on its third key (shape planning traces it on meta tensors first)."""
+            if a.device.type == "meta":
+                return a
+            calls.append(1)
+            if len(calls) == 3:
+                raise exception("boom")
+            return a
+
+        register(m, explode_third, "a", "b")
+
+        R = m.recipe
+        recipe = R.call("explode_third", R.model(str(abc[0])), R.model(str(abc[1])))
+        existing = tmp_path / "existing.safetensors"
+        existing.write_bytes(b"old")
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        for target in (tmp_path / "new.safetensors", existing):
+            calls.clear()
+            with pytest.raises(exception, match="boom"):
+                m.execute.merge(recipe, target, opts(m, overwrite=True))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_bad_inputs_give_clear_errors_and_no_output(m, abc, tmp_path):
+    R = m.recipe
+    good = abc[0]
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-100])
+    corrupt = tmp_path / "corrupt.safetensors"
+    data = bytearray(good.read_bytes())
+    data[8:12] = b"\xff\xfe{["
+    corrupt.write_bytes(bytes(data))
+    sd15 = make_model(tmp_path / "sd15.safetensors", 4, {
+        "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight": (8, 768)})
+    sdxl = make_model(tmp_path / "sdxl.safetensors", 5, {
+        "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight": (8, 2048)})
+    cases = [
+        (tmp_path / "nope.safetensors", good, "nope.safetensors: no such file"),
+        (truncated, good, "truncated.safetensors: truncated"),
+        (corrupt, good, "corrupt.safetensors: corrupt header"),
+        (sdxl, sd15, "sdxl.safetensors: is a sdxl model but sd15.safetensors is sd15"),
+    ]
+    out = tmp_path / "out.safetensors"
+    for bad, other, message in cases:
+        recipe = R.weighted_sum(R.model(str(other)), R.model(str(bad)))
+        with pytest.raises(m.io.ModelFileError, match=message):
+            m.execute.merge(recipe, out, opts(m))
+        assert not out.exists()
+    with pytest.raises(Exception, match="unknown merge method 'weighted_summ'.*did you mean 'weighted_sum'"):
+        m.execute.merge(m.recipe.CallNode("weighted_summ", (R.model(str(good)),)), out, opts(m))
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+def test_nonfinite_output_is_an_error_or_a_warning(m, abc, tmp_path):
+    with m.registry.scope():
+        def poison(a):
+            """Puts an inf into every tensor."""
+            out = a.clone()
+            out.view(-1)[0] = float("inf")
+            return out
+
+        register(m, poison, "a")
+
+        recipe = m.recipe.call("poison", m.recipe.model(str(abc[0])))
+        with pytest.raises(m.stream.NonFiniteError, match="inf or NaN"):
+            m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m))
+        assert not (tmp_path / "out.safetensors").exists()
+        report = m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, nonfinite="warn"))
+    assert len(report.nonfinite) == len(SHAPES) - 1
+
+
+def test_memory_budget_spills_intermediates_and_gives_the_same_output(m, abc, tmp_path):
+    R = m.recipe
+    recipe = RECIPES["nested"](R, *(R.model(str(p)) for p in abc))
+    roomy = m.execute.merge(recipe, tmp_path / "roomy.safetensors", opts(m))
+    tight = m.execute.merge(recipe, tmp_path / "tight.safetensors", opts(m, memory_budget_mb=0))
+    assert roomy.spilled_bytes == 0 and tight.spilled_bytes > 0
+    roomy_out, tight_out = (load_file(str(tmp_path / n)) for n in ("roomy.safetensors", "tight.safetensors"))
+    assert all(torch.equal(roomy_out[k], tight_out[k]) for k in roomy_out)
+
+
+def test_lora_input_adds_its_delta(m, models, tmp_path):
+    checkpoint = m.io.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
+    base = tmp_path / "unet.safetensors"  # the UNet only, to keep the test fast
+    save_file({k: checkpoint.read(k) for k in checkpoint.tensors if k.startswith("model.diffusion_model.")},
+              str(base))
+    lora = models.loras["patchbay-locon-r4"]
+    R = m.recipe
+    recipe = R.add_difference(R.model(str(base)), R.model(str(lora), space="delta"), alpha=1.0)
+    out = tmp_path / "out.safetensors"
+    m.execute.merge(recipe, out, opts(m, dtype="fp32"))
+    from patchbay.merge import lora as mlora
+
+    deltas = mlora.LoraSource(m.io.SafetensorsFile(lora), m.io.SafetensorsFile(base))
+    merged, original = m.io.SafetensorsFile(out), m.io.SafetensorsFile(base)
+    touched = deltas.keys()
+    assert len(touched) == 115 and all(name.startswith("lora_te_") for name in deltas.unmapped)
+    for key in touched[::10]:
+        expected = original.read(key).float() + deltas.delta(key)
+        torch.testing.assert_close(merged.read(key), expected, rtol=0, atol=1e-6)
+    untouched = "model.diffusion_model.out.2.weight"
+    assert untouched not in touched and torch.equal(merged.read(untouched), original.read(untouched).float())
