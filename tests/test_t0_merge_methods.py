@@ -89,6 +89,19 @@ def test_train_difference(m, ctx):
     close(run(m, ctx, "train_difference", A, B, C, alpha=0.5), A + (B - C) * 0.5 * mask)
 
 
+def test_opposite_masks(m, ctx):
+    expected = 0.5 * 2 * (A - B).abs() / ((A - B).abs() + (A + B - 2 * C).abs())
+    close(run(m, ctx, "add_opposite_mask", A, B, C, alpha=0.5), expected)
+    spread = torch.maximum((A - C).abs(), (B - C).abs())
+    strict = 2 * 0.5 * torch.clamp((C - A) * (B - C) / spread**2, min=0)
+    close(run(m, ctx, "add_strict_opposite_mask", A, B, C, alpha=0.5), strict)
+
+
+def test_geometric_sum(m, ctx):
+    a, b = A.abs() + 0.1, B.abs() + 0.1
+    close(run(m, ctx, "geometric_sum", a, b, alpha=0.3), a**0.7 * b**0.3)
+
+
 def test_multiply_quotient(m, ctx):
     a, b, c = A.double(), B.double(), C.double()
     ac, bc = torch.log(a.abs() / c.abs()), torch.log(b.abs() / c.abs())

@@ -94,3 +94,25 @@ def multiply_quotient(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1
     res = a * b_c**power
     res = torch.where(torch.isnan(res), a, res)
     return res.real
+
+
+@merge_method(paper=SD_MECHA)
+def add_opposite_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
+    """Per-element weight alpha * 2 * |a - b| / (|a - b| + |a + b - 2c|) for add_difference."""
+    ab = (a - b).abs()
+    return alpha * 2 * torch.nan_to_num(ab / (ab + (a + b - 2 * c).abs()), nan=0)
+
+
+@merge_method(paper=SD_MECHA)
+def add_strict_opposite_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
+    """Per-element weight 2 * alpha * max(0, (c - a)(b - c) / max(|a - c|, |b - c|)^2)."""
+    threshold = torch.maximum((a - c).abs(), (b - c).abs())
+    return alpha * torch.clamp(torch.nan_to_num((c - a) * (b - c) / threshold**2, nan=0), 0) * 2
+
+
+@merge_method(paper=SD_MECHA)
+def geometric_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
+    """Element-wise weighted geometric mean a^(1 - alpha) * b^alpha (real part, negatives via complex)."""
+    a_c = torch.complex(a, torch.zeros_like(a))
+    b_c = torch.complex(b, torch.zeros_like(b))
+    return (a_c ** (1 - alpha) * b_c**alpha).real
