@@ -258,3 +258,12 @@ def test_block_counts_and_components(pack):
     assert blocks.component_of("flux", "double_blocks.0.img_mod.lin.weight") == "diffuser"
     with pytest.raises(KeyError, match="add it or a 'default' entry"):
         blocks.resolve({"IN00": 1.0}, "sd15", "model.diffusion_model.out.2.weight")
+
+
+def test_methods_table_lists_every_method_with_a_link(reg):
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parent.parent / "docs" / "merge-methods.md").read_text()
+    rows = {line.split("`")[1]: line for line in table.splitlines() if line.startswith("| `")}
+    assert set(rows) == {m.name for m in reg.all_methods()}
+    assert all("](http" in row for row in rows.values())
