@@ -130,21 +130,22 @@ class HookEngine:
                 log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), hp.reason)
         if not claimed:
             return []
-        refs = tuple(dict.fromkeys(h.hook_ref for h in claimed))
-        index = {ref: i for i, ref in enumerate(refs)}
-        modules = self._modules(patcher, refs, [self.hook_patches(model, h) for h in claimed], index, claimed)
-        model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(index, modules)
+        by_ref = {h.hook_ref: self.hook_patches(model, h) for h in claimed}
+        refs = tuple(by_ref)
+        modules = self._modules(patcher, refs, by_ref)
+        model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(
+            {ref: i for i, ref in enumerate(refs)}, modules)
         return claimed
 
-    def _modules(self, patcher: Any, refs: tuple, patches: list[HookPatches], index: dict, claimed: list) -> dict:
+    def _modules(self, patcher: Any, refs: tuple, by_ref: dict) -> dict:
+        """Per-module deltas for this ordered set of hooks, built once and kept for the next runs."""
         key = (id(patcher.model), *refs)
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key][1]
         self.plans_built += 1
-        pairs = [(index[h.hook_ref], hp) for h, hp in zip(claimed, patches)]
-        pairs = list({i: (i, hp) for i, hp in pairs}.values())
-        modules = build_modules(patcher.model, pairs, self._dense_fetcher(patcher))
+        modules = build_modules(patcher.model, [(i, by_ref[ref]) for i, ref in enumerate(refs)],
+                                self._dense_fetcher(patcher))
         self._plans[key] = (refs, modules)  # refs kept alive with the plan
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
@@ -204,7 +205,8 @@ def _strip(run: RunPlan, cond: dict, timestep: torch.Tensor, transformer_options
     if _active(cond, timestep):
         row = [0.0] * len(run.index)
         for hook in mine:
-            hook.hook_keyframe.prepare_current_keyframe(curr_t=timestep[0], transformer_options=transformer_options)
+            hook.hook_keyframe.prepare_current_keyframe(curr_t=timestep[0],
+                                                        transformer_options=transformer_options)
             row[run.index[hook.hook_ref]] += float(hook.strength_model)
         run.current[cond["uuid"]] = row
     out = cond.copy()

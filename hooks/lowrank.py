@@ -29,9 +29,17 @@ _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
 
 
 def module_kind(module: torch.nn.Module) -> str | None:
-    """"linear", "conv1d"/"conv2d"/"conv3d", or None for modules the engine cannot hook."""
+    """"linear", "conv1d"/"conv2d"/"conv3d", "group_norm", "layer_norm", or None (not hookable).
+
+    Norms are affine in their weight and bias, so their deltas are forward deltas too:
+    norm(x; w + dw, b + db) = norm(x; w, b) + norm(x; dw, 0) + db.
+    """
     if isinstance(module, torch.nn.Linear):
         return "linear"
+    if isinstance(module, torch.nn.GroupNorm):
+        return "group_norm"
+    if isinstance(module, torch.nn.LayerNorm):
+        return "layer_norm"
     for cls, dims in _CONV.items():
         if isinstance(module, cls) and module.padding_mode == "zeros":
             return f"conv{dims}d"
@@ -120,19 +128,26 @@ class ModuleDeltas:
                 y = y + self._dense(module, x, y, d, value, _rows_view(mask[:, None], x.shape[0])[:, 0])
         return y
 
-    def _dense(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, d: DenseDelta, strength: float,
-               row_scale: torch.Tensor) -> torch.Tensor:
+    def _dense(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, d: DenseDelta,
+               strength: float, row_scale: torch.Tensor) -> torch.Tensor:
         s = row_scale.to(y.dtype).reshape(-1, *([1] * (y.ndim - 1)))
         delta = d.fetch(x.device, x.dtype, strength)
         if d.bias:
+            if self.kind == "layer_norm":
+                return s * delta
             shape = [1] * y.ndim
             shape[-1 if self.kind == "linear" else 1] = -1
             return s * delta.reshape(shape)
         return s * self._op(module, x, delta, spatial=True)
 
-    def _op(self, module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, spatial: bool) -> torch.Tensor:
+    def _op(self, module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
+            spatial: bool) -> torch.Tensor:
         if self.kind == "linear":
             return F.linear(x, weight)
+        if self.kind == "group_norm":
+            return F.group_norm(x, module.num_groups, weight, None, module.eps)
+        if self.kind == "layer_norm":
+            return F.layer_norm(x, module.normalized_shape, weight, None, module.eps)
         conv = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[self.kind]
         if spatial:
             return conv(x, weight, None, module.stride, module.padding, module.dilation, module.groups)

@@ -68,7 +68,16 @@ def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
         patches = comfy.lora.load_lora(lora, key_map, log_missing=False)
     else:
         patches = dict(hook.weights or {})
+    # like core's add_hook_patches: keys the model does not have are ignored
+    patches = {k: v for k, v in patches.items() if _has_tensor(model, split_key(k).key)}
     return HookPatches(patches, _unsupported_reason(model, patches))
+
+
+def _has_tensor(model: torch.nn.Module, key: str) -> bool:
+    try:
+        return isinstance(comfy.utils.get_attr(model, key), torch.Tensor)
+    except AttributeError:
+        return False
 
 
 def _module(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
@@ -85,9 +94,9 @@ def _unsupported_reason(model: torch.nn.Module, patches: dict) -> str | None:
         if not (pk.key.endswith(".weight") or pk.is_bias):
             return f"{pk.key} is not a module weight or bias"
         module = _module(model, pk.module_path)
-        if module is None or module_kind(module) is None:
-            kind = "missing" if module is None else type(module).__name__
-            return f"{pk.key} belongs to a {kind} module, not a Linear or Conv"
+        if module_kind(module) is None:
+            return (f"{pk.key} belongs to a {type(module).__name__} module, not a Linear, Conv, GroupNorm "
+                    "or LayerNorm")
         if isinstance(v, list):
             return f"{pk.key} carries a nested patch list"
     return None
@@ -96,7 +105,8 @@ def _unsupported_reason(model: torch.nn.Module, patches: dict) -> str | None:
 def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
     if pk.offset is not None or pk.function is not None or pk.is_bias:
         return False
-    if not isinstance(v, comfy.weight_adapter.LoRAAdapter):
+    if not isinstance(v, comfy.weight_adapter.LoRAAdapter) or module_kind(module) in (None, "group_norm",
+                                                                                        "layer_norm"):
         return False
     up, down, _alpha, mid, dora, reshape = v.weights[:6]
     if mid is not None or dora is not None or reshape is not None or getattr(module, "groups", 1) != 1:
@@ -146,7 +156,7 @@ def dense_delta(patch: Any, pk: PatchKey, base: torch.Tensor, strength: float) -
     ``base`` is the weight without any patch (model-as-LoRA deltas are taken against it).
     """
     w32 = base.to(torch.float32)
-    patched = comfy.lora.calculate_weight([(strength, patch, 1.0, pk.offset, pk.function)], w32.clone(), pk.key,
-                                          intermediate_dtype=torch.float32,
+    patches = [(strength, patch, 1.0, pk.offset, pk.function)]
+    patched = comfy.lora.calculate_weight(patches, w32.clone(), pk.key, intermediate_dtype=torch.float32,
                                           original_weights={pk.key: [(w32, lambda a, **kw: a)]})
     return patched - w32

@@ -5,9 +5,9 @@ Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_
 
 from __future__ import annotations
 
-from . import floats, patcher
+from . import floats, hooks, patcher
 
-_MODULES = (floats, patcher)
+_MODULES = (floats, hooks, patcher)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -115,7 +115,8 @@ class PatchbayPatcherMixin:
         with self._own_modules():
             return super().patch_hooks(*args, **kwargs)
 
-    def register_all_hook_patches(self, hooks, target_dict, model_options=None, registered=None, *args, **kwargs):
+    def register_all_hook_patches(self, hooks, target_dict, model_options=None, registered=None,
+                                  *args, **kwargs):
         """Core's registration, less the WeightHooks the hook engine runs (see patcher/hook_engine.py).
 
         Claimed hooks are added to ``registered`` (so core keeps them on the conds) but never become
@@ -123,7 +124,8 @@ class PatchbayPatcherMixin:
         """
         engine = self.patchbay.extras.get(HOOK_ENGINE_KEY)
         if engine is None or model_options is None or target_dict.get("target") == EnumWeightTarget.Clip:
-            return super().register_all_hook_patches(hooks, target_dict, model_options, registered, *args, **kwargs)
+            return super().register_all_hook_patches(hooks, target_dict, model_options, registered,
+                                                     *args, **kwargs)
         claimed = engine.claim(self, hooks, model_options)
         rest = HookGroup()
         for hook in hooks.hooks:

@@ -1,0 +1,44 @@
+"""Hook nodes: turn on Patchbay's hook engine for a MODEL, so ComfyUI's own hook nodes run fast."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..patcher import hook_engine
+
+if TYPE_CHECKING:
+    from comfy.model_patcher import ModelPatcher
+
+CATEGORY = "Patchbay/hooks"
+
+
+class PatchbayHookEngine:
+    NODE_ID = "PatchbayHookEngine"
+    DISPLAY_NAME = "Fast Hooks (Patchbay)"
+    DESCRIPTION = ("Runs the LoRA and model-as-LoRA hooks of ComfyUI's hook nodes (Create Hook LoRA, "
+                   "keyframes, Cond Set Props, regional masks) on this model without swapping weights: "
+                   "all prompts sample in one batch and re-runs reuse everything. Same images as core.")
+    CATEGORY = CATEGORY
+    FUNCTION = "enable"
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("A clone of the model on which hooks run through Patchbay's engine.",)
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {
+            "required": {
+                "model": ("MODEL", {"tooltip": "The model the sampler uses; it is cloned, never changed."}),
+                "cache_mb": ("FLOAT", {
+                    "default": 2048.0, "min": 0.0, "max": 1 << 20, "step": 64.0,
+                    "tooltip": "Memory budget (MiB) for full deltas of LoHa, LoKr, DoRA and model-as-LoRA "
+                               "hooks, kept between steps and runs. LoRA and LoCon hooks need none.",
+                }),
+            }
+        }
+
+    def enable(self, model: ModelPatcher, cache_mb: float) -> tuple[ModelPatcher]:
+        return (hook_engine.enable_hook_engine(model, cache_mb),)
+
+
+NODES = [PatchbayHookEngine]

@@ -1,0 +1,195 @@
+"""T1: the hook engine runs ComfyUI's own hook objects and gives the same latents as core.
+
+References: LoraLoader (a hook on every cond at strength s must equal LoraLoader at s) and core's
+own hook path (regional, scheduled and positive-only hooks). Tolerance: 1e-4 x max |latent|, fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.t1
+
+CKPT = "patchbay-sd15-tiny-a.safetensors"
+CKPT_B = "patchbay-sd15-tiny-b.safetensors"
+FORMATS = ("lora-r4", "locon-r8", "loha-r4", "lokr-r4")
+STEPS = 4
+
+
+class Rig:
+    """The tiny checkpoint, prompts and a 4-step euler sampler; builds hooked conditioning."""
+
+    def __init__(self, comfy):
+        self.comfy = comfy
+        self.n = comfy.nodes.NODE_CLASS_MAPPINGS
+        self.model, self.clip, _ = self.n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
+        self.pos = self.encode("a knight in armor")
+        self.neg = self.encode("blurry")
+        self.left = self.encode("a red castle")
+        self.right = self.encode("a green forest")
+        (self.latent,) = self.n["EmptyLatentImage"]().generate(64, 64, 1)
+        self.engine_module = sys.modules[comfy.pack.__name__ + ".patcher.hook_engine"]
+
+    def encode(self, text):
+        return self.n["CLIPTextEncode"]().encode(self.clip, text)[0]
+
+    def fast(self, model=None, cache_mb=2048.0):
+        return self.n["PatchbayHookEngine"]().enable(model or self.model, cache_mb)[0]
+
+    def engine(self, model):
+        return self.engine_module.hook_engine_of(model)
+
+    def sample(self, model, pos, neg=None, seed=7, steps=STEPS):
+        neg = self.neg if neg is None else neg
+        (out,) = self.n["KSampler"]().sample(model, seed, steps, 7.0, "euler", "normal", pos, neg, self.latent)
+        return out["samples"]
+
+    def hook(self, lora, strength=1.0, schedule=None):
+        (hooks,) = self.n["CreateHookLora"]().create_hook(lora, strength, strength)
+        if schedule is not None:
+            (kf,) = self.n["CreateHookKeyframesFromFloats"]().create_hook_keyframes(list(schedule), 0.0, 1.0)
+            (hooks,) = self.n["SetHookKeyframes"]().set_hook_keyframes(hooks, kf)
+        return hooks
+
+    def with_hooks(self, cond, hooks, mask=None):
+        return self.n["ConditioningSetProperties"]().set_properties(cond, 1.0, "default", mask=mask, hooks=hooks)[0]
+
+    def regions(self, hooks_a, hooks_b):
+        left = torch.zeros((1, 64, 64))
+        left[:, :, :32] = 1.0
+        a = self.with_hooks(self.left, hooks_a, mask=left)
+        b = self.with_hooks(self.right, hooks_b, mask=1.0 - left)
+        return self.n["ConditioningCombine"]().combine(a, b)[0]
+
+
+@pytest.fixture(scope="module")
+def rig(comfy):
+    return Rig(comfy)
+
+
+def assert_close(actual, expected, what):
+    tolerance = 1e-4 * expected.abs().max().item()
+    diff = (actual - expected).abs().max().item()
+    assert diff <= tolerance, f"{what}: max |diff| {diff:.3g} > {tolerance:.3g}"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_hook_on_every_cond_equals_loraloader(rig, fmt):
+    lora = f"patchbay-{fmt}.safetensors"
+    strength = 0.7
+    hooks = rig.hook(lora, strength)
+    baked, _ = rig.n["LoraLoader"]().load_lora(rig.model, rig.clip, lora, strength, 0.0)
+    expected = rig.sample(baked, rig.pos)
+    plain = rig.sample(rig.model, rig.pos)
+    assert (expected - plain).abs().max() > 1e-2 * plain.abs().max(), "the LoRA has no effect to compare"
+    fast = rig.fast()
+    actual = rig.sample(fast, rig.with_hooks(rig.pos, hooks), rig.with_hooks(rig.neg, hooks))
+    assert_close(actual, expected, f"{fmt} hook vs LoraLoader")
+    engine = rig.engine(fast)
+    assert engine.parses == 1 and engine.plans_built == 1, "the engine did not run the hook"
+    assert not fast.hook_patches, "the engine must not register core hook patches"
+
+
+def test_positive_only_and_scheduled_hooks_equal_core(rig):
+    for schedule in (None, (0.0, 0.5, 1.0, 0.25)):
+        hooks = rig.hook("patchbay-lora-r4.safetensors", 1.0, schedule)
+        pos = rig.with_hooks(rig.pos, hooks)
+        expected = rig.sample(rig.model, pos)
+        assert_close(rig.sample(rig.fast(), pos), expected, f"positive-only hook, schedule {schedule}")
+
+
+def test_masked_regional_hooks_equal_core(rig):
+    cond = rig.regions(rig.hook("patchbay-lora-r4.safetensors"), rig.hook("patchbay-locon-r4.safetensors", 0.8))
+    expected = rig.sample(rig.model, cond)
+    assert_close(rig.sample(rig.fast(), cond), expected, "two masked regions with two LoRA hooks")
+
+
+def test_model_as_lora_hook_equals_core(rig):
+    other, _, _ = rig.n["CheckpointLoaderSimple"]().load_checkpoint(CKPT_B)
+    (hooks,) = rig.n["CreateHookModelAsLoraModelOnly"]().create_hook_model_only(CKPT_B, 0.5)
+    del other
+    pos = rig.with_hooks(rig.pos, hooks)
+    expected = rig.sample(rig.model, pos)
+    fast = rig.fast()
+    assert_close(rig.sample(fast, pos), expected, "model-as-LoRA hook")
+    assert rig.engine(fast).cache.bytes > 0, "model-as-LoRA deltas are cached"
+
+
+def test_dense_cache_stays_within_its_budget(rig):
+    hooks = rig.hook("patchbay-loha-r8.safetensors", 1.0, (1.0, 0.5, 0.75, 0.25))
+    pos = rig.with_hooks(rig.pos, hooks)
+    expected = rig.sample(rig.model, pos)
+    budget_mb = 1.0
+    fast = rig.fast(cache_mb=budget_mb)
+    assert_close(rig.sample(fast, pos), expected, "LoHa with a tiny cache")
+    cache = rig.engine(fast).cache
+    assert 0 < cache.bytes <= budget_mb * 2**20 and cache.misses > len(cache), "evictions happened"
+
+
+def test_seed_rerun_reparses_and_repatches_nothing(rig):
+    baked, _ = rig.n["LoraLoader"]().load_lora(rig.model, rig.clip, "patchbay-lora-r16.safetensors", 0.5, 0.0)
+    fast = rig.fast(baked)
+    pos = rig.with_hooks(rig.pos, rig.hook("patchbay-lora-r4.safetensors"))
+    rig.sample(fast, pos, seed=1)
+    engine, uuid_before = rig.engine(fast), fast.patches_uuid
+    counts = (engine.parses, engine.plans_built)
+    second = rig.sample(fast, pos, seed=2)
+    assert (engine.parses, engine.plans_built) == counts, "a seed-only re-run re-parsed or re-planned"
+    assert fast.patches_uuid == uuid_before, "hooks rerolled patches_uuid (ordinary patches re-applied)"
+    assert fast.model.current_weight_patches_uuid == fast.patches_uuid, "ordinary patches not kept applied"
+    assert_close(second, rig.sample(baked, pos, seed=2), "seed re-run vs core")
+
+
+def test_unsupported_hook_falls_back_to_core_with_a_debug_line(rig, caplog):
+    from comfy.hooks import WeightHook
+
+    key = "diffusion_model.out.2.weight"
+    delta = 0.05 * torch.randn(rig.model.model.state_dict()[key].shape, generator=torch.Generator().manual_seed(0))
+    nested = WeightHook()  # a patch in core's nested-list form: the engine leaves it to core
+    nested.weights, nested.need_weight_init = {key: [(delta, lambda a, **kw: a)]}, False
+    (hooks,) = rig.n["CreateHookLora"]().create_hook("patchbay-lora-r4.safetensors", 1.0, 1.0)
+    group = hooks.clone()
+    group.add(nested)
+    pos = rig.with_hooks(rig.pos, group)
+    expected = rig.sample(rig.model, pos)
+    with caplog.at_level(logging.DEBUG, logger="patchbay.hooks"):
+        actual = rig.sample(rig.fast(), pos)
+    assert_close(actual, expected, "one engine hook plus one core fallback hook")
+    assert (actual - rig.sample(rig.model, rig.with_hooks(rig.pos, hooks))).abs().max() > 1e-3, "no fallback effect"
+    assert any("nested patch list" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("failure", ["error", "interrupt"])
+def test_weights_byte_identical_after_failed_runs(rig, weights_digest, failure):
+    import comfy.model_management
+    import comfy.sample
+
+    fast = rig.fast()
+    pos = rig.with_hooks(rig.pos, rig.hook("patchbay-loha-r4.safetensors"))
+    before = weights_digest(fast)
+    latent = rig.latent["samples"]
+    noise = comfy.sample.prepare_noise(latent, 3)
+
+    def callback(step, *args):
+        if step == 1 and failure == "error":
+            raise RuntimeError("boom")
+        if step == 1:
+            comfy.model_management.interrupt_current_processing(True)
+
+    expected = RuntimeError if failure == "error" else comfy.model_management.InterruptProcessingException
+    try:
+        with pytest.raises(expected):
+            comfy.sample.sample(fast, noise, STEPS, 7.0, "euler", "normal", pos, rig.neg, latent,
+                                callback=callback, disable_pbar=True)
+    finally:
+        comfy.model_management.interrupt_current_processing(False)
+    assert weights_digest(fast) == before
+    assert not fast.hook_patches and not fast.hook_backup
+    for module in fast.model.modules():
+        assert not module._forward_hooks, f"a forward hook was left on {type(module).__name__}"
+    rig.sample(fast, pos)  # the model still samples
+    assert weights_digest(fast) == before
