@@ -45,7 +45,8 @@ class Rig:
 
     def sample(self, model, pos, neg=None, seed=7, steps=STEPS):
         neg = self.neg if neg is None else neg
-        (out,) = self.n["KSampler"]().sample(model, seed, steps, 7.0, "euler", "normal", pos, neg, self.latent)
+        sampler = self.n["KSampler"]()
+        (out,) = sampler.sample(model, seed, steps, 7.0, "euler", "normal", pos, neg, self.latent)
         return out["samples"]
 
     def hook(self, lora, strength=1.0, schedule=None):
@@ -56,7 +57,8 @@ class Rig:
         return hooks
 
     def with_hooks(self, cond, hooks, mask=None):
-        return self.n["ConditioningSetProperties"]().set_properties(cond, 1.0, "default", mask=mask, hooks=hooks)[0]
+        props = self.n["ConditioningSetProperties"]()
+        return props.set_properties(cond, 1.0, "default", mask=mask, hooks=hooks)[0]
 
     def regions(self, hooks_a, hooks_b):
         left = torch.zeros((1, 64, 64))
@@ -103,7 +105,8 @@ def test_positive_only_and_scheduled_hooks_equal_core(rig):
 
 
 def test_masked_regional_hooks_equal_core(rig):
-    cond = rig.regions(rig.hook("patchbay-lora-r4.safetensors"), rig.hook("patchbay-locon-r4.safetensors", 0.8))
+    hooks_a, hooks_b = rig.hook("patchbay-lora-r4.safetensors"), rig.hook("patchbay-locon-r4.safetensors", 0.8)
+    cond = rig.regions(hooks_a, hooks_b)
     expected = rig.sample(rig.model, cond)
     assert_close(rig.sample(rig.fast(), cond), expected, "two masked regions with two LoRA hooks")
 
@@ -148,7 +151,8 @@ def test_unsupported_hook_falls_back_to_core_with_a_debug_line(rig, caplog):
     from comfy.hooks import WeightHook
 
     key = "diffusion_model.out.2.weight"
-    delta = 0.05 * torch.randn(rig.model.model.state_dict()[key].shape, generator=torch.Generator().manual_seed(0))
+    shape = rig.model.model.state_dict()[key].shape
+    delta = 0.05 * torch.randn(shape, generator=torch.Generator().manual_seed(0))
     nested = WeightHook()  # a patch in core's nested-list form: the engine leaves it to core
     nested.weights, nested.need_weight_init = {key: [(delta, lambda a, **kw: a)]}, False
     (hooks,) = rig.n["CreateHookLora"]().create_hook("patchbay-lora-r4.safetensors", 1.0, 1.0)
