@@ -157,3 +157,23 @@ def test_sd_mecha_rotate_wrapper_is_broken_in_1_1_8():
     """Why we compare against ``svd.rotate``: the public ``sd_mecha.rotate`` calls a missing method."""
     with pytest.raises(AttributeError, match="set_cache"):
         sd_mecha.rotate(sdm(A), sdm(B), alignment=0.5)
+
+
+def test_sd_mecha_dropout_with_overlap_is_broken_in_1_1_8(ours):
+    """sd-mecha's dropout crashes unless overlap is an odd integer (torch.lerp on numpy arrays); ours runs."""
+    with pytest.raises(TypeError, match="lerp"):
+        ties.dropout.__wrapped__(D1, D2, probability=0.5, overlap=0.0, overlap_emphasis=0.0, rescale=1.0,
+                                 seed=1)
+    res = ours("dropout", torch.ones(100), 3 * torch.ones(100), probability=0.5, overlap=0.0, seed=1)
+    assert set(res.unique().tolist()) <= {0.0, 2.0, 6.0}
+
+
+def test_sd_mecha_tensor_sum_changes_its_inputs_in_1_1_8(ours):
+    """sd-mecha's tensor_sum writes into A, so a recipe that uses A again sees the change; ours copies."""
+    a_sd = {KEY: torch.zeros(4, 2)}
+    node = linear.weighted_sum(slicing.tensor_sum(sd_mecha.model(a_sd), sdm(torch.ones(4, 2)), width=0.5),
+                               sd_mecha.model(a_sd), alpha=0.5)
+    assert run_sd_mecha(node, "weight")[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0]  # should be 0.5, 0.5, 0, 0
+    a = torch.zeros(4, 2)
+    res = ours("weighted_sum", ours("tensor_sum", a, torch.ones(4, 2), width=0.5), a, alpha=0.5)
+    assert res[:, 0].tolist() == [0.5, 0.5, 0.0, 0.0] and not a.any()
