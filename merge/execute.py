@@ -138,6 +138,31 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     return report
 
 
+@dataclass(frozen=True)
+class PlanSummary:
+    """What ``plan`` found: output key count, architecture, input file names, warnings."""
+
+    keys: int
+    arch: str
+    sources: list[str]
+    warnings: list[str]
+
+
+def plan(recipe: object, options: MergeOptions | None = None,
+         search_dirs: tuple[Path, ...] = ()) -> PlanSummary:
+    """Check a recipe against its files without writing anything (``validate`` in the CLI)."""
+    options = options or MergeOptions(search_dirs=tuple(search_dirs))
+    graph = compile_recipe(recipe, options.search_dirs)
+    report = MergeReport(path=Path())
+    sources = graph.open_sources()
+    try:
+        plans = plan_keys(graph, sources, options, report)
+    finally:
+        for source in sources:
+            source.close()
+    return PlanSummary(len(plans), report.arch, [s.name for s in sources], report.warnings)
+
+
 # ---- planning ---------------------------------------------------------------------------------------
 
 
@@ -176,6 +201,10 @@ def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeR
         report.missing = lacking
         report.warnings.append(f"{len(lacking)} keys missing from some inputs ({options.missing_policy}), "
                                f"e.g. {example!r}")
+    for source in sources:
+        if unmapped := getattr(source, "unmapped", None):
+            report.warnings.append(f"{source.name}: {len(unmapped)} LoRA modules match no key of the base "
+                                   f"model and are ignored, e.g. {unmapped[0]}")
     if report.shape_mismatches:
         report.warnings.append(f"{len(report.shape_mismatches)} keys with mismatched shapes "
                                f"({options.shape_policy}), e.g. {report.shape_mismatches[0]!r}")

@@ -1,0 +1,193 @@
+"""The merge command line: merge a .mecha recipe to a file, extract a LoRA, show, validate, list methods.
+
+Run it through ``devtools/patchbay_merge.py`` (this package uses relative imports, so
+``python -m merge`` from the repo root cannot work). Every user error (bad recipe, missing or
+broken model, existing output) prints one ``error:`` line and exits with status 2; nothing is
+written in that case.
+
+    patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
+    patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9
+    patchbay_merge.py show recipe.mecha
+    patchbay_merge.py validate recipe.mecha
+    patchbay_merge.py methods
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_USER_ERROR = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse ``argv`` and run one subcommand; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, KeyError, OSError, ArithmeticError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .execute import MISSING_POLICIES, OUT_DTYPES, SHAPE_POLICIES
+
+    parser = argparse.ArgumentParser(prog="patchbay_merge.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    merge = sub.add_parser("merge", help="merge a .mecha recipe into a .safetensors file")
+    _recipe_args(merge)
+    merge.add_argument("output", type=Path, help="the .safetensors file to write")
+    merge.add_argument("--dtype", choices=tuple(OUT_DTYPES), default="fp16", help="(%(default)s)")
+    merge.add_argument("--device", default="cpu", help="where the math runs: cpu, cuda, ... (%(default)s)")
+    merge.add_argument("--threads", type=int, default=1, help="torch threads for the math (%(default)s)")
+    merge.add_argument("--memory-budget-mb", type=int, default=1024,
+                       help="read-ahead + intermediates (%(default)s)")
+    merge.add_argument("--shape-policy", choices=SHAPE_POLICIES, default="overlap", help="(%(default)s)")
+    merge.add_argument("--missing-policy", choices=MISSING_POLICIES, default="first", help="(%(default)s)")
+    merge.add_argument("--nonfinite", choices=("error", "warn"), default="error", help="(%(default)s)")
+    merge.add_argument("--seed", type=int, default=0, help="seed of random methods (%(default)s)")
+    merge.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    merge.add_argument("--no-progress", action="store_true", help="no progress bar")
+    merge.set_defaults(run=run_merge)
+
+    extract = sub.add_parser("extract", help="extract a kohya LoRA from a delta recipe (e.g. subtract(a, b))")
+    _recipe_args(extract)
+    extract.add_argument("output", type=Path, help="the LoRA .safetensors file to write")
+    size = extract.add_mutually_exclusive_group()
+    size.add_argument("--rank", type=int, help="rank of every module (default 32)")
+    size.add_argument("--energy", type=float, help="keep this fraction of each delta's spectral energy (0-1]")
+    extract.add_argument("--conv-rank", type=int, help="rank of 3x3 convolutions (default: --rank)")
+    extract.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="fp16", help="(%(default)s)")
+    extract.add_argument("--device", default="cpu", help="where the SVDs run (%(default)s)")
+    extract.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    extract.set_defaults(run=run_extract)
+
+    show = sub.add_parser("show", help="print a recipe in compact .mecha form with its inputs and methods")
+    _recipe_args(show)
+    show.set_defaults(run=run_show)
+
+    validate = sub.add_parser("validate", help="check a recipe and its model files without merging")
+    _recipe_args(validate)
+    validate.set_defaults(run=run_validate)
+
+    methods = sub.add_parser("methods", help="list the merge methods with their one-line docs")
+    methods.add_argument("--json", action="store_true", help="machine-readable output")
+    methods.set_defaults(run=run_methods)
+    return parser
+
+
+def _recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", type=Path, help="a .mecha file (sd-mecha 0.1.0 text)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="bind an open parameter (repeatable)")
+    parser.add_argument("--models-dir", action="append", type=Path, default=[], metavar="DIR",
+                        help="where to look for relative model paths (after the current folder "
+                             "and the recipe's folder; repeatable)")
+
+
+def load_recipe(args: argparse.Namespace) -> Any:
+    """Parse the recipe file and bind ``--param`` values."""
+    from . import mecha_text
+    from . import recipe as rc
+
+    if not args.recipe.is_file():
+        raise FileNotFoundError(f"{args.recipe}: no such recipe file")
+    try:
+        root = mecha_text.parse(args.recipe.read_text().rstrip("\n"))
+    except mecha_text.MechaSyntaxError as error:
+        raise ValueError(f"{args.recipe}: {error}") from None
+    params = dict(_param(text) for text in args.param)
+    return rc.bind(root, params=params) if params else root
+
+
+def _param(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ValueError(f"--param {text!r}: write NAME=VALUE")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def _search_dirs(args: argparse.Namespace) -> tuple[Path, ...]:
+    return (args.recipe.resolve().parent, *args.models_dir)
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from .execute import MergeOptions, merge
+
+    options = MergeOptions(
+        dtype=args.dtype, device=args.device, threads=args.threads, memory_budget_mb=args.memory_budget_mb,
+        overwrite=args.overwrite, shape_policy=args.shape_policy, missing_policy=args.missing_policy,
+        nonfinite=args.nonfinite, seed=args.seed, progress=not args.no_progress,
+        search_dirs=_search_dirs(args))
+    report = merge(load_recipe(args), args.output, options)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    size = report.bytes_written / 2**30
+    print(f"wrote {report.path} ({report.keys} keys, {size:.2f} GiB, {report.arch}) "
+          f"in {report.seconds:.1f} s")
+    return 0
+
+
+def run_extract(args: argparse.Namespace) -> int:
+    from .extract import ExtractOptions, extract_lora
+
+    rank = args.rank if args.rank is not None or args.energy is not None else 32
+    options = ExtractOptions(rank=rank, energy=args.energy, conv_rank=args.conv_rank, dtype=args.dtype,
+                             device=args.device, overwrite=args.overwrite, search_dirs=_search_dirs(args))
+    report = extract_lora(load_recipe(args), args.output, options)
+    print(f"wrote {report.path} ({report.modules} modules, mean relative error {report.mean_error:.4f}) "
+          f"in {report.seconds:.1f} s")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from . import mecha_text
+    from . import recipe as rc
+
+    root = load_recipe(args)
+    print(mecha_text.dumps(root))
+    models = sorted({n.path for _, n in rc.walk(root) if isinstance(n, rc.ModelNode)})
+    methods = sorted({n.method for _, n in rc.walk(root) if isinstance(n, rc.CallNode)})
+    print(f"# inputs: {', '.join(models)}")
+    print(f"# methods: {', '.join(methods)}")
+    if open_names := [*rc.free_inputs(root), *rc.params(root)]:
+        print(f"# open (bind with --param): {', '.join(open_names)}")
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from .execute import plan
+
+    root = load_recipe(args)
+    summary = plan(root, search_dirs=_search_dirs(args))
+    print(f"ok: {summary.keys} keys, {summary.arch}, {len(summary.sources)} inputs "
+          f"({', '.join(summary.sources)})")
+    for warning in summary.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def run_methods(args: argparse.Namespace) -> int:
+    from . import registry
+
+    methods = registry.all_methods()
+    if args.json:
+        print(json.dumps({m.name: m.doc for m in methods}, indent=1))
+        return 0
+    width = max(len(m.name) for m in methods)
+    for method in methods:
+        print(f"{method.name:<{width}}  {method.doc}")
+    return 0

@@ -1,0 +1,176 @@
+"""LoRA extraction: a delta recipe (``subtract(tuned, base)``, or any recipe in delta space) to a kohya LoRA.
+
+Each 2-D weight (linear) and 4-D weight (convolution, flattened to ``out x in*kh*kw``) of the UNet
+and of the text encoder's attention/MLP linears is decomposed by SVD and truncated to ``rank``
+(``conv_rank`` for kernels larger than 1x1) or to the smallest rank that keeps ``energy`` of the
+squared singular values. The singular values are split evenly between ``lora_up`` and
+``lora_down`` (balanced fp16 ranges) and ``alpha`` equals the rank, so ComfyUI's LoraLoader adds
+exactly ``up @ down`` at strength 1: the best rank-r approximation of the delta (Eckart-Young).
+
+Names are those ComfyUI's LoraLoader maps without warnings: ``lora_unet_`` + the LDM module path
+(``input_blocks_1_1_proj_in``) and ``lora_te_`` / ``lora_te1_`` + the CLIP-L module path. Deltas that
+LoRA cannot carry (biases, norms, embeddings: listed in ``ExtractReport.dropped``, not evaluated)
+and all-zero deltas are left out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import io as mio
+from .context import KeyContext
+from .steps import compile_recipe, recipe_text
+from .stream import Evaluator
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+_TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])$")
+TEXT_ENCODERS = (("cond_stage_model.transformer.", "lora_te_"),
+                 ("conditioner.embedders.0.transformer.", "lora_te1_"))
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1)."""
+
+    rank: int | None = 32
+    energy: float | None = None
+    conv_rank: int | None = None
+    dtype: str = "fp16"
+    device: str = "cpu"
+    overwrite: bool = False
+    search_dirs: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.energy is not None and not 0 < self.energy <= 1:
+            raise ValueError(f"energy={self.energy}: give a fraction in (0, 1], e.g. 0.9")
+        if self.energy is None and (self.rank is None or self.rank < 1):
+            raise ValueError(f"rank={self.rank}: give a rank >= 1 or an energy fraction")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class ExtractReport:
+    """The LoRA written: modules, their ranks, mean relative Frobenius error, what was left out."""
+
+    path: Path
+    modules: int = 0
+    ranks: dict[str, int] = field(default_factory=dict)
+    mean_error: float = 0.0
+    dropped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def kohya_name(key: str) -> str | None:
+    """The module name ComfyUI's LoraLoader maps onto ``key``, or None when LoRA cannot target it."""
+    if not key.endswith(".weight"):
+        return None
+    module = key.removesuffix(".weight")
+    if module.startswith(mio.UNET_PREFIX):
+        return "lora_unet_" + module[len(mio.UNET_PREFIX):].replace(".", "_")
+    for prefix, kohya in TEXT_ENCODERS:
+        if module.startswith(prefix) and _TE_LINEAR.search(module):
+            return kohya + module[len(prefix):].replace(".", "_")
+    return None
+
+
+def extract_lora(recipe: object, out_path: str | Path,
+                 options: ExtractOptions | None = None) -> ExtractReport:
+    """Decompose every LoRA-able key of ``recipe``'s output into a kohya LoRA at ``out_path``."""
+    options = options or ExtractOptions()
+    start = time.perf_counter()
+    out_path = Path(out_path)
+    mio.check_output_path(out_path, options.overwrite)
+    graph = compile_recipe(recipe, options.search_dirs)
+    sources = graph.open_sources()
+    report = ExtractReport(out_path)
+    tensors: dict[str, torch.Tensor] = {}
+    errors: list[float] = []
+    try:
+        weights = [s for s in sources if s.space == "weight"] or sources
+        keys = dict.fromkeys(key for source in weights for key in source.keys())  # noqa: SIM118
+        evaluator = Evaluator(graph, "overlap")
+        for key in keys:
+            name = kohya_name(key)
+            if name is None:
+                report.dropped.append(key)
+                continue
+            delta = _delta(evaluator, graph, sources, key, weights[0].arch, options.device)
+            if delta is None or delta.dim() not in (2, 4) or not torch.any(delta):
+                continue
+            up, down, rank, error = decompose(delta, _rank_for(delta, options), options.energy)
+            tensors[f"{name}.lora_up.weight"] = up.to(DTYPES[options.dtype]).cpu()
+            tensors[f"{name}.lora_down.weight"] = down.to(DTYPES[options.dtype]).cpu()
+            tensors[f"{name}.alpha"] = torch.tensor(float(rank), dtype=DTYPES[options.dtype])
+            report.ranks[name] = rank
+            errors.append(error)
+    finally:
+        for source in sources:
+            source.close()
+    if not tensors:
+        raise ValueError("the recipe's delta is zero on every key LoRA can carry: nothing to extract "
+                         "(is it a delta, e.g. subtract(tuned, base)?)")
+    ranks = sorted(set(report.ranks.values()))
+    metadata = {"ss_network_module": "networks.lora", "ss_network_dim": str(max(ranks)),
+                "ss_network_alpha": str(max(ranks)), "patchbay.recipe": recipe_text(recipe),
+                "patchbay.generator": "ComfyUI-Patchbay extract"}
+    mio.save_file(dict(sorted(tensors.items())), out_path, metadata, overwrite=options.overwrite)
+    report.modules = len(report.ranks)
+    report.mean_error = sum(errors) / len(errors)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _delta(evaluator: Evaluator, graph: object, sources: list, key: str, arch: str,
+           device: str) -> torch.Tensor | None:
+    leaves = []
+    for source in sources:
+        if not source.has(key):
+            leaves.append(None)
+        elif hasattr(source, "read_into"):
+            info = source.info(key)
+            if not info.is_float:
+                return None
+            raw = source.read_into(key, torch.empty(info.nbytes, dtype=torch.uint8))
+            leaves.append(raw.to(device).float())
+        else:
+            leaves.append(source.delta(key).to(device))
+    return evaluator.evaluate(graph.root, leaves, KeyContext(key=key, device=device, arch=arch))
+
+
+def _rank_for(delta: torch.Tensor, options: ExtractOptions) -> int | None:
+    if options.energy is not None:
+        return None
+    if delta.dim() == 4 and delta.shape[2] * delta.shape[3] > 1 and options.conv_rank is not None:
+        return options.conv_rank
+    return options.rank
+
+
+def decompose(delta: torch.Tensor, rank: int | None, energy: float | None
+              ) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """``(lora_up, lora_down, rank, relative error)`` of the best rank-r approximation of ``delta``.
+
+    ``rank`` None: the smallest rank whose singular values keep ``energy`` of the squared total.
+    Convolutions come back as ``up (out, r, 1, 1)`` and ``down (r, in, kh, kw)`` (kohya LoCon).
+    """
+    matrix = delta.reshape(delta.shape[0], -1).float()
+    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    power = s.square()
+    total = power.sum()
+    if rank is None:
+        kept = torch.cumsum(power, 0) / total
+        rank = int(torch.searchsorted(kept, torch.tensor(energy * (1 - 1e-7), device=kept.device))) + 1
+    rank = max(1, min(rank, s.numel()))
+    root = s[:rank].sqrt()
+    up, down = u[:, :rank] * root, root[:, None] * vh[:rank]
+    error = math.sqrt(max(0.0, float(power[rank:].sum() / total))) if total > 0 else 0.0
+    if delta.dim() == 4:
+        up = up[:, :, None, None]
+        down = down.reshape(rank, *delta.shape[1:])
+    return up.contiguous(), down.contiguous(), rank, error
