@@ -270,8 +270,15 @@ def test_rotate_wide_matrix_full_alignment(m, ctx):
     q, _ = torch.linalg.qr(t(6, 6, seed=5))
     res = m("rotate").fn(wide, wide @ q, alignment=1.0, alpha=0.0, centralization=0.0, ctx=ctx())
     assert (res - wide @ q).norm() < 0.8 * (wide - wide @ q).norm()  # moved towards B
-    with pytest.raises(ValueError, match="fractional alignment"):
-        m("rotate").fn(wide, wide @ q, alignment=0.5, alpha=0.0, centralization=0.0, ctx=ctx())
+    skew = t(6, 6, seed=7) * 0.1
+    near = wide @ torch.linalg.matrix_exp(skew - skew.T)  # a small rotation: the geodesic converges
+    context = ctx()
+    end = m("rotate").fn(wide, near, alignment=1.0, alpha=0.0, centralization=0.0, ctx=ctx())
+    almost = m("rotate").fn(wide, near, alignment=0.999, alpha=0.0, centralization=0.0, ctx=context)
+    half = m("rotate").fn(wide, near, alignment=0.5, alpha=0.0, centralization=0.0, ctx=context)
+    close(almost, end, tol=1e-2)
+    assert (half - end).norm() < (wide - end).norm()  # part of the way
+    assert "log_stiefel" in context.cache
 
 
 def test_truncate_rank(m, ctx):

@@ -80,6 +80,9 @@ def ours(pack):
 
 
 D1, D2, D3 = A - C, B - C, t(8, 6, seed=16)
+_SKEW = 0.1 * t(8, 8, seed=17)
+WIDE_A = t(6, 8, seed=18)  # B is A turned a little: the Stiefel geodesic iteration converges
+WIDE_B = WIDE_A @ torch.linalg.matrix_exp(_SKEW - _SKEW.T) + 0.01 * t(6, 8, seed=19)
 
 CASES = [
     ("weighted_sum", lambda: linear.weighted_sum(sdm(A), sdm(B), alpha=0.3), (A, B), {"alpha": 0.3}),
@@ -130,6 +133,8 @@ CASES = [
      {"alignment": 1.0, "alpha": 0.3}),
     ("rotate_fractional", lambda: svd.rotate(sdm(A), sdm(B), alignment=0.5, alpha=0.0), (A, B),
      {"alignment": 0.5, "alpha": 0.0}),
+    ("rotate_wide_fractional", lambda: svd.rotate(sdm(WIDE_A), sdm(WIDE_B), alignment=0.3, alpha=0.2),
+     (WIDE_A, WIDE_B), {"alignment": 0.3, "alpha": 0.2}),
     ("rotate_conv", lambda: svd.rotate(sdm(CONV_A), sdm(CONV_B), alignment=1.0, alpha=0.5,
                                        centralization=0.5),
      (CONV_A, CONV_B), {"alignment": 1.0, "alpha": 0.5, "centralization": 0.5}),
@@ -144,7 +149,8 @@ def test_same_numbers_as_sd_mecha(pack, ours, name, build, tensors, scalars):
 
     method = name.split("_parallel")[0].split("_sharp")[0]
     method = {"ties_sum_extended_median": "ties_sum_extended", "della": "ties_sum_with_dropout",
-              "rotate_fractional": "rotate", "rotate_conv": "rotate"}.get(method, method)
+              "rotate_fractional": "rotate", "rotate_conv": "rotate",
+              "rotate_wide_fractional": "rotate"}.get(method, method)
     space = registry.get(method).output
     expected = run_sd_mecha(build(), "delta" if space == "delta" or tensors[0] is D1 else
                             "param" if space == "param" else "weight")

@@ -9,6 +9,7 @@ import torch
 from ..context import KeyContext
 from ..registry import AnySpace, Delta, merge_method
 from ._util import generator, is_close
+from .stiefel import exp_stiefel, log_stiefel
 
 PROCRUSTES = "https://doi.org/10.1007/BF02289451"
 ECKART_YOUNG = "https://doi.org/10.1007/BF02288367"
@@ -34,6 +35,7 @@ def rotate(a: AnySpace, b: AnySpace, *, alignment: float = 1.0, alpha: float = 0
     a_2d, b_2d = a_2d - a_mean, b_2d - b_mean
     fractional = not math.isclose(alignment, round(alignment))
     transform = _cached_procrustes(ctx.cache, a_2d, b_2d, centralization, fractional)
+    transform.stiefel = (stiefel_eps, stiefel_max_iters)
     if not is_close(alpha, 0.0):
         a_2d = torch.lerp(a_2d, transform(b_2d, -1), alpha)
     a_2d = transform(a_2d, alignment)
@@ -118,6 +120,7 @@ class _Orthogonal:
         self.q, self.u, self.v = q, u, v
         self.cache: dict = {}
         self.device: torch.device | str = "cpu"
+        self.stiefel: tuple[float, int] = (1e-8, 100)
 
     def bind(self, cache: dict, device: torch.device | str) -> _Orthogonal:
         self.cache, self.device = cache, device
@@ -136,9 +139,12 @@ class _Orthogonal:
             return x - x @ v @ v.mH + x @ u @ v.mH
         if math.isclose(t, -1.0):
             return x - x @ u @ u.mH + x @ v @ u.mH
-        raise ValueError(
-            f"rotate: a fractional alignment ({t}) of a wide matrix (fewer rows than columns) is not "
-            f"supported; use alignment 0 or 1 for it, or exclude the key with a block map")
+        if self.cache.get("log_stiefel_settings") != self.stiefel:  # the geodesic from v to u
+            log = log_stiefel(self.v.to(x.device), self.u.to(x.device), *self.stiefel)
+            self.cache.update(log_stiefel_settings=self.stiefel, log_stiefel=log.cpu())
+        log = self.cache["log_stiefel"].to(x.device)
+        left, right = exp_stiefel(v, log * (t + 1) / 2), exp_stiefel(v, log * (1 - t) / 2)
+        return x - x @ right @ right.mH + x @ left @ right.mH
 
     def _power(self, t: float) -> Tensor:
         q = self.q.to(self.device)
