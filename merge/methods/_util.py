@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..context import KeyContext
+from ..context import KeyContext, key_seed
 
 Scalar = float | torch.Tensor
 
@@ -21,10 +21,6 @@ def is_close(value: Scalar, target: float) -> bool:
 def generator(ctx: KeyContext, seed: int | None, device: torch.device) -> torch.Generator:
     """``seed`` as given (sd-mecha's behaviour, same draw for every key) or, when None, one
     derived from the merge seed and the key (``ctx.generator()``)."""
-    if seed is None or seed < 0:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(ctx.generator().initial_seed())
-        return gen
     gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    gen.manual_seed(key_seed(ctx.seed, ctx.key) if seed is None or seed < 0 else seed)
     return gen
