@@ -19,7 +19,7 @@ Contenders build the sampling inputs (model, positive, negative) from real Comfy
               it is the cost floor a hook engine is compared against.
   core        core hook nodes: CreateHookLora, CreateHookKeyframesFromFloats + SetHookKeyframes,
               ConditioningSetProperties (with masks for regions), ConditioningCombine
-  patchbay    slot for the Patchbay hook engine; not implemented yet (issue 4): reports null
+  patchbay    the core workflow unchanged, its MODEL passed through "Fast Hooks (Patchbay)" once
 
 Timing: only the KSampler call is timed (time.perf_counter), which includes ComfyUI's model load and
 patching and, for core, hook registration at sample time. Contenders are interleaved round-robin
@@ -29,10 +29,10 @@ inputs: in the server only KSampler re-executes on a seed change (the hook/LoRA 
 which is what calling the same objects again models. In-process node calls skip the executor's
 caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole queue latency.
 
-Memory: each (scenario, contender) runs in its own short subprocess (``--probe``) that does the same
-build + sampling once (twice for seed_rerun) at 16x16 and reports its peak RSS (resource.ru_maxrss);
-"over plain" is that peak minus the peak of the scenario's ``nohook`` probe. In-process RSS deltas
-would be meaningless (the peak only ever grows, and allocators keep freed memory).
+Memory: around each timed run (inputs built + sampled, both inside the measurement) the peak RSS is
+reset (``/proc/self/clear_refs`` = 5) and read back (VmHWM); the figure is that peak minus the RSS
+just before, median over rounds at 16x16. "Over plain" subtracts the same scenario's nohook median.
+It includes loading the LoRA file itself (CreateHookLora / LoraLoader read it inside the run).
 
 Timings on a shared 2-core machine are noisy; read the ratios, not the seconds.
 """
@@ -41,9 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -58,12 +56,12 @@ SCHEDULE = [1.0, 0.75, 0.5, 0.25]
 STEPS, CFG, SAMPLER, SCHEDULER = 10, 7.0, "euler", "normal"
 SIZES = (8, 16)  # latent side; pixels = 8x
 NOT_IMPLEMENTED = "not implemented yet (issue 4)"
-MEMORY_METHOD = ("peak RSS (ru_maxrss) of a fresh subprocess per scenario/contender at 16x16, "
-                 "minus the same scenario's nohook subprocess")
+MEMORY_METHOD = ("in-process peak RSS over the RSS before each run (VmHWM after clear_refs), median, "
+                 "minus the same scenario's nohook median")
 
 
 class NotImplementedContender(Exception):
-    """A contender that has no implementation yet; its figures are reported as null."""
+    """A contender that has no implementation; its figures are reported as null."""
 
 
 def scenario_loras(scenario: str) -> list[str]:
@@ -96,16 +94,20 @@ def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict) -> st
 
 def init_comfy():
     """Import ComfyUI on the CPU like tests/conftest.py's ``comfy`` fixture; returns the node mappings."""
+    import tempfile
+    from pathlib import Path
+
     import comfy_inprocess
     import devpaths
     import tiny_models
 
     tiny_models.ensure_models(devpaths.models_dir())
     nodes = comfy_inprocess.start_comfy()
+    pack = comfy_inprocess.load_pack(nodes, Path(tempfile.mkdtemp(prefix="patchbay-bench-")))
     import comfy.utils
 
     comfy.utils.PROGRESS_BAR_ENABLED = False  # no tqdm bars between the table rows
-    return nodes.NODE_CLASS_MAPPINGS
+    return {**nodes.NODE_CLASS_MAPPINGS, **pack.NODE_CLASS_MAPPINGS}
 
 
 class Bench:
@@ -121,6 +123,7 @@ class Bench:
         (self.negative,) = n["CLIPTextEncode"]().encode(self.clip, "blurry")
         (self.left,) = n["CLIPTextEncode"]().encode(self.clip, "a red castle")
         (self.right,) = n["CLIPTextEncode"]().encode(self.clip, "a green forest")
+        (self.fast_model,) = n["PatchbayHookEngine"]().enable(self.model, 2048.0)
 
     def latent(self, side: int):
         (latent,) = self.n["EmptyLatentImage"]().generate(side * 8, side * 8, 1)
@@ -180,12 +183,15 @@ class Bench:
         return self.model, positive, self.negative
 
     def patchbay(self, scenario: str, side: int):
-        # SLOT for the Patchbay hook engine (issue 4): build the same workflow with Patchbay's hook
-        # nodes here once they exist. Until then no figure is reported (null), never a stand-in.
-        raise NotImplementedContender(NOT_IMPLEMENTED)
+        """The core workflow, its MODEL through Fast Hooks (made once, as a cached node output is)."""
+        _model, positive, negative = self.core(scenario, side)
+        return self.fast_model, positive, negative
 
-    def run_once(self, contender: str, scenario: str, side: int, seeds=(1, 2)) -> float:
-        """Build the inputs (untimed) and time one KSampler call; seed_rerun times the second seed."""
+    def run_once(self, contender: str, scenario: str, side: int, seeds=(1, 2)) -> tuple[float, float]:
+        """Time one KSampler call (seed_rerun: the second seed) and measure the peak RSS over the RSS
+        before building the inputs (MB). Building the inputs is not timed."""
+        rss_before = _rss_kb("VmRSS")
+        _reset_peak_rss()
         inputs = getattr(self, contender)(scenario, side)
         latent = self.latent(side)
         if scenario == "seed_rerun":
@@ -195,7 +201,21 @@ class Bench:
             seed = seeds[0]
         start = time.perf_counter()
         self.sample(inputs, latent, seed)
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        return elapsed, (_rss_kb("VmHWM") - rss_before) / 1024
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
 def lora_files_mb(scenario: str) -> float:
@@ -205,116 +225,101 @@ def lora_files_mb(scenario: str) -> float:
     return sum((folder / name).stat().st_size for name in scenario_loras(scenario)) / 2**20
 
 
-def probe(scenario: str, contender: str, side: int) -> None:
-    """Subprocess body: build + sample once (twice for seed_rerun), print peak RSS as JSON."""
-    import resource
+def measure(bench: Bench, rounds: int, sizes: tuple[int, ...]) -> tuple[dict, dict]:
+    """Round-robin over contenders; returns {(scenario, side, contender): [seconds]} and [peak MB]."""
+    keys = [(s, side, c) for side in sizes for s in SCENARIOS for c in CONTENDERS]
+    times: dict = {k: [] for k in keys}
+    peaks: dict = {k: [] for k in keys}
+    missing: set = set()
+    for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
+        for scenario, side, contender in keys:
+            if contender in missing:
+                continue
+            try:
+                elapsed, peak = bench.run_once(contender, scenario, side, seeds=(1 + 2 * rnd, 2 + 2 * rnd))
+            except NotImplementedContender as exc:
+                print(f"{contender}: {exc}", file=sys.stderr)
+                missing.add(contender)
+                continue
+            if rnd:
+                times[(scenario, side, contender)].append(elapsed)
+                peaks[(scenario, side, contender)].append(peak)
+        if rnd:
+            print(f"round {rnd}/{rounds} done", file=sys.stderr)
+    return times, peaks
 
-    bench = Bench(init_comfy())
-    try:
-        bench.run_once(contender, scenario, side)
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    except NotImplementedContender:
-        peak_mb = None
-    print(json.dumps({"probe": [scenario, contender], "peak_rss_mb": peak_mb}))
+
+def _median(values: list) -> float | None:
+    return statistics.median(values) if values else None
 
 
-def run_probes(side: int, jobs: int) -> dict:
-    """Peak RSS over the scenario's nohook probe, per scenario and contender (None where missing)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(key):
-        scenario, contender = key
-        if contender == "patchbay":
-            return key, None  # no engine yet: nothing to probe
-        cmd = [sys.executable, __file__, "--probe", scenario, contender, "--side", str(side)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-        for line in reversed(proc.stdout.splitlines()):
-            if line.startswith('{"probe"'):
-                return key, json.loads(line)["peak_rss_mb"]
-        print(f"probe {key} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-        return key, None
-
-    keys = [(s, c) for s in SCENARIOS for c in CONTENDERS]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        peaks = dict(pool.map(one, keys))
-    over: dict = {}
+def print_times(med: dict, sizes: tuple[int, ...], rounds: int) -> None:
+    print(f"\nhooks benchmark: tiny SD1.5 checkpoint, {STEPS} {SAMPLER} steps, CFG {CFG}, torch threads 1, "
+          f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine)")
+    print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8} {'x core':>7}")
     for scenario in SCENARIOS:
-        base = peaks[(scenario, "nohook")]
-        over[scenario] = {}
-        for c in CONTENDERS:
-            peak = peaks[(scenario, c)]
-            over[scenario][c] = None if base is None or peak is None else peak - base
-    return over
+        for side in sizes:
+            plain, core = med[(scenario, side, "nohook")], med[(scenario, side, "core")]
+            for contender in CONTENDERS:
+                m = med[(scenario, side, contender)]
+                row = (f"{'-':>9} {'-':>8}  {NOT_IMPLEMENTED}" if m is None
+                       else f"{m:>9.4f} {m / plain:>8.2f} {m / core:>7.2f}")
+                print(f"{scenario:<20} {side}x{side:<5} {contender:<11} {row}")
+
+
+def print_targets(medians: dict, over: dict) -> None:
+    """Issue 4's targets, each with the measured figure (16x16)."""
+    print("\ntargets (16x16):")
+    for scenario in SCENARIOS:
+        m = medians[scenario]
+        if m["patchbay"] is None:
+            continue
+        print(f"  {scenario:<20} patchbay / plain {m['patchbay'] / m['nohook']:.2f} (target <= 1.10)")
+    r = medians["regional_two_loras"]
+    if r["patchbay"]:
+        print(f"  regional speed-up over core {r['core'] / r['patchbay']:.2f}x (target >= 1.5)")
+    s = medians["seed_rerun"]
+    if s["patchbay"]:
+        print(f"  seed_rerun patchbay / loraloader {s['patchbay'] / s['loraloader']:.2f} (target <= 1.10)")
+    for scenario in SCENARIOS:
+        mb = over.get(scenario, {}).get("patchbay")
+        if mb is not None:
+            files = lora_files_mb(scenario)
+            print(f"  {scenario:<20} peak over plain {mb:.2f} MB = {mb / files:.2f}x LoRA files "
+                  "(target <= 1.2)")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default 5)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 8x8 only")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocess probes")
-    parser.add_argument("--probe-jobs", type=int, default=1, help="memory probes run in parallel")
-    parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
-    parser.add_argument("--side", type=int, default=16, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(1)
-    if opts.probe:
-        probe(opts.probe[0], opts.probe[1], opts.side)
-        return 0
-
     rounds = 1 if opts.quick else opts.rounds
     sizes = (8,) if opts.quick else SIZES
-    bench = Bench(init_comfy())
-    times: dict = {(s, side, c): [] for s in SCENARIOS for side in sizes for c in CONTENDERS}
-    missing: set = set()
-    for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
-        for side in sizes:
-            for scenario in SCENARIOS:
-                for contender in CONTENDERS:  # round-robin: every contender once per scenario per round
-                    if contender in missing:
-                        continue
-                    try:
-                        elapsed = bench.run_once(contender, scenario, side, seeds=(1 + 2 * rnd, 2 + 2 * rnd))
-                    except NotImplementedContender as exc:
-                        print(f"{contender}: {exc}", file=sys.stderr)
-                        missing.add(contender)
-                        continue
-                    if rnd:
-                        times[(scenario, side, contender)].append(elapsed)
-        if rnd:
-            print(f"round {rnd}/{rounds} done", file=sys.stderr)
-
-    med = {k: (statistics.median(v) if v else None) for k, v in times.items()}
-    print(f"\nhooks benchmark: tiny SD1.5 checkpoint, {STEPS} {SAMPLER} steps, CFG {CFG}, torch threads 1, "
-          f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine)")
-    print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8}")
-    for scenario in SCENARIOS:
-        for side in sizes:
-            plain = med[(scenario, side, "nohook")]
-            for contender in CONTENDERS:
-                m = med[(scenario, side, contender)]
-                missing_row = f"{'-':>9} {'-':>8}  {NOT_IMPLEMENTED}"
-                row = missing_row if m is None else f"{m:>9.4f} {m / plain:>8.2f}"
-                latent = f"{side}x{side}"
-                print(f"{scenario:<20} {latent:<7} {contender:<11} {row}")
+    times, peaks = measure(Bench(init_comfy()), rounds, sizes)
+    med = {k: _median(v) for k, v in times.items()}
+    print_times(med, sizes, rounds)
 
     json_side = 16 if 16 in sizes else sizes[-1]
-    rss: dict = {}
-    if not opts.no_memory:
-        method = MEMORY_METHOD.replace("16x16", f"{json_side}x{json_side}")
-        print(f"\npeak memory over plain (MB), method: {method}")
-        rss = run_probes(json_side, opts.probe_jobs)
-        print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
-        for scenario in SCENARIOS:
-            cells = " ".join(f"{'-' if rss[scenario][c] is None else format(rss[scenario][c], '.1f'):>11}"
-                             for c in CONTENDERS)
-            print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
+    peak_med = {k: _median(v) for k, v in peaks.items()}
+    over: dict = {}
+    print(f"\npeak memory over plain (MB) at {json_side}x{json_side}, method: {MEMORY_METHOD}")
+    print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
+    for scenario in SCENARIOS:
+        base = peak_med[(scenario, json_side, "nohook")]
+        over[scenario] = {c: None if peak_med[(scenario, json_side, c)] is None or base is None
+                          else peak_med[(scenario, json_side, c)] - base for c in CONTENDERS}
+        cells = " ".join(f"{'-' if v is None else format(v, '.2f'):>11}" for v in over[scenario].values())
+        print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
     if json_side != 16:
         print(f"(--quick: the JSON line carries {json_side}x{json_side} figures, not 16x16)")
     medians = {s: {c: med[(s, json_side, c)] for c in CONTENDERS} for s in SCENARIOS}
-    print(json_line(medians, rss, {s: lora_files_mb(s) for s in SCENARIOS}))
+    print_targets(medians, over)
+    print(json_line(medians, over, {s: lora_files_mb(s) for s in SCENARIOS}))
     return 0
 
 
