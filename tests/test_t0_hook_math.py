@@ -1,0 +1,123 @@
+"""T0: forward-pass deltas (hooks/lowrank.py) against baked weights, and the byte-budget cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.t0
+
+
+@pytest.fixture(scope="module")
+def lr(pack):
+    from patchbay.hooks import lowrank
+
+    return lowrank
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _rows(strengths, per_chunk):
+    return torch.tensor(strengths, dtype=torch.float32).repeat_interleave(per_chunk)
+
+
+def test_linear_low_rank_equals_baked_weight_per_row(lr):
+    g = _gen()
+    lin = torch.nn.Linear(12, 10)
+    x = torch.randn(4, 5, 12, generator=g)  # 2 chunks x 2 rows, 5 tokens
+    downs = [torch.randn(3, 12, generator=g), torch.randn(2, 12, generator=g)]
+    ups = [torch.randn(10, 3, generator=g), torch.randn(10, 2, generator=g)]
+    scales = [0.5, 2.0]
+    deltas = lr.ModuleDeltas("linear", tuple(lin.weight.shape),
+                             [lr.LowRankDelta(h, downs[h], ups[h], scales[h]) for h in (0, 1)])
+    host = [[1.0, 0.0], [0.3, 0.7]]  # chunk 0: hook 0 only; chunk 1: both
+    out = deltas.apply(lin, x, lin(x), torch.tensor(host), host, {0, 1})
+    for row in range(4):
+        w = lin.weight.detach().clone()
+        for h in (0, 1):
+            w += host[row // 2][h] * scales[h] * ups[h] @ downs[h]
+        torch.testing.assert_close(out[row], F.linear(x[row], w, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_low_rank_uses_the_modules_stride_and_padding(lr):
+    g = _gen(1)
+    conv = torch.nn.Conv2d(4, 6, 3, stride=2, padding=1)
+    x = torch.randn(2, 4, 9, 9, generator=g)
+    down, up = torch.randn(2, 4, 3, 3, generator=g), torch.randn(6, 2, 1, 1, generator=g)
+    deltas = lr.ModuleDeltas("conv2d", tuple(conv.weight.shape), [lr.LowRankDelta(0, down, up, 0.25)])
+    host = [[0.0], [1.5]]
+    out = deltas.apply(conv, x, conv(x), torch.tensor(host), host, {0})
+    baked = conv.weight.detach() + 1.5 * 0.25 * (up.flatten(1) @ down.flatten(1)).reshape(conv.weight.shape)
+    torch.testing.assert_close(out[0], conv(x)[0])
+    torch.testing.assert_close(out[1], F.conv2d(x[1:], baked, conv.bias, 2, 1)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["group_norm", "layer_norm"])
+def test_norm_weight_and_bias_deltas_equal_patched_norms(lr, kind):
+    g = _gen(2)
+    module = torch.nn.GroupNorm(2, 4) if kind == "group_norm" else torch.nn.LayerNorm(4)
+    x = torch.randn(2, 4, 3, 3, generator=g) if kind == "group_norm" else torch.randn(2, 3, 4, generator=g)
+    dw, db = torch.randn(4, generator=g), torch.randn(4, generator=g)
+    dense = [lr.DenseDelta(0, lambda d, t, s: dw.to(d, t)),
+             lr.DenseDelta(0, lambda d, t, s: db.to(d, t), bias=True)]
+    deltas = lr.ModuleDeltas(kind, (4,), dense=dense)
+    host = [[0.5], [2.0]]
+    out = deltas.apply(module, x, module(x), torch.tensor(host), host, {0})
+    for row, s in enumerate((0.5, 2.0)):
+        w, b = module.weight.detach() + s * dw, module.bias.detach() + s * db
+        ref = (F.group_norm(x[row:row + 1], 2, w, b, module.eps) if kind == "group_norm"
+               else F.layer_norm(x[row:row + 1], (4,), w, b, module.eps))
+        torch.testing.assert_close(out[row:row + 1], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_nonlinear_dense_delta_is_fetched_once_per_distinct_strength(lr):
+    lin = torch.nn.Linear(3, 3, bias=False)
+    x = torch.randn(3, 3, generator=_gen(3))
+    asked = []
+
+    def fetch(device, dtype, strength):
+        asked.append(strength)
+        return torch.eye(3) * strength**2  # not linear in the strength
+
+    deltas = lr.ModuleDeltas("linear", (3, 3), dense=[lr.DenseDelta(0, fetch, linear=False)])
+    host = [[2.0], [0.0], [2.0]]
+    out = deltas.apply(lin, x, lin(x), torch.tensor(host), host, {0})
+    assert asked == [2.0]
+    torch.testing.assert_close(out, lin(x) + torch.tensor([[1.0], [0.0], [1.0]]) * 4.0 * x)
+
+
+def test_rows_follow_chunks_and_refuse_a_batch_they_cannot_split(lr):
+    lin = torch.nn.Linear(2, 2)
+    deltas = lr.ModuleDeltas("linear", (2, 2), [lr.LowRankDelta(0, torch.ones(1, 2), torch.ones(2, 1), 1.0)])
+    host = [[1.0], [0.0]]
+    with pytest.raises(ValueError, match="batch of 3 rows for 2 cond chunks"):
+        deltas.apply(lin, torch.ones(3, 2), lin(torch.ones(3, 2)), torch.tensor(host), host, {0})
+
+
+def test_module_kind(lr):
+    assert lr.module_kind(torch.nn.Linear(2, 2)) == "linear"
+    assert lr.module_kind(torch.nn.Conv2d(2, 2, 1)) == "conv2d"
+    assert lr.module_kind(torch.nn.Conv2d(2, 2, 1, padding_mode="reflect")) is None
+    assert lr.module_kind(torch.nn.Embedding(2, 2)) is None
+
+
+def test_tensor_cache_evicts_least_recent_and_stays_in_budget(pack):
+    from patchbay.hooks.cache import TensorCache
+
+    cache = TensorCache(budget_bytes=3 * 400)
+    made = []
+
+    def make(i):
+        made.append(i)
+        return torch.zeros(100)  # 400 bytes
+
+    for i in (0, 1, 2, 0, 3):  # 0 is used again, so 1 is the least recent when 3 arrives
+        cache.get_or_make(i, lambda i=i: make(i))
+    assert made == [0, 1, 2, 3] and 1 not in cache and 0 in cache and cache.bytes == 1200
+    cache.get_or_make("big", lambda: torch.zeros(1000))  # larger than the budget: returned, not kept
+    assert "big" not in cache and cache.bytes <= cache.budget_bytes
+    with pytest.raises(ValueError, match="budget"):
+        TensorCache(-1)
