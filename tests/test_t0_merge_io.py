@@ -1,0 +1,180 @@
+"""T0: lazy safetensors inputs, architecture detection, file errors, the atomic writer, LoRA key mapping."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+pytestmark = pytest.mark.t0
+
+SD_PROBE = "input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"
+
+
+@pytest.fixture(scope="module")
+def mio(pack):
+    from patchbay.merge import io
+
+    return io
+
+
+def test_reads_every_tensor_lazily_and_exactly(mio, tmp_path):
+    tensors = {"a.weight": torch.randn(3, 5).half(), "b": torch.arange(7, dtype=torch.int64),
+               "c": torch.randn(2, 2, 3, 3).to(torch.bfloat16), "scalar": torch.tensor(2.5)}
+    save_file(tensors, str(tmp_path / "x.safetensors"), metadata={"k": "v"})
+    file = mio.SafetensorsFile(tmp_path / "x.safetensors")
+    assert file.metadata == {"k": "v"} and file.arch == "unknown"
+    buffer = torch.empty(1024, dtype=torch.uint8)
+    for key, expected in tensors.items():
+        assert torch.equal(file.read_into(key, buffer), expected) and torch.equal(file.read(key), expected)
+    file.close()
+
+
+@pytest.mark.parametrize(("keys", "arch", "unet_only"), [
+    ({"model.diffusion_model." + SD_PROBE: (320, 768)}, "sd15", False),
+    ({SD_PROBE: (320, 768)}, "sd15", True),
+    ({"model.diffusion_model." + SD_PROBE: (640, 2048)}, "sdxl", False),
+    ({SD_PROBE: (640, 2048), "label_emb.0.0.weight": (1280, 2816)}, "sdxl", True),
+    ({"model.diffusion_model.double_blocks.0.img_attn.qkv.weight": (9, 3)}, "flux", False),
+    ({"double_blocks.0.img_attn.qkv.weight": (9, 3)}, "flux", True),
+    ({"lora_unet_x.lora_down.weight": (4, 8), "lora_unet_x.lora_up.weight": (8, 4)}, "lora-kohya", False),
+    ({"lora_unet_x.hada_w1_a": (8, 4)}, "lora-lycoris", False),
+    ({"lora_unet_x.lokr_w1": (2, 2)}, "lora-lycoris", False),
+    ({"something.else": (2,)}, "unknown", False),
+])
+def test_architecture_detection(mio, keys, arch, unet_only):
+    infos = {k: mio.TensorInfo("F16", shape, 0, 0) for k, shape in keys.items()}
+    assert mio.detect_architecture(infos) == (arch, unet_only)
+
+
+def test_tiny_models_are_detected(mio, models):
+    assert mio.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"]).arch == "sd15"
+    kinds = {name: mio.SafetensorsFile(path).arch for name, path in models.loras.items()}
+    assert {kinds[n] for n in kinds if "lora" in n or "locon" in n} == {"lora-kohya"}
+    assert {kinds[n] for n in kinds if "loha" in n or "lokr" in n} == {"lora-lycoris"}
+
+
+def test_unet_only_keys_are_canonicalised(mio, tmp_path):
+    save_file({SD_PROBE: torch.zeros(4, 768)}, str(tmp_path / "unet.safetensors"))
+    file = mio.SafetensorsFile(tmp_path / "unet.safetensors")
+    assert file.canonical_keys() == ["model.diffusion_model." + SD_PROBE]
+    assert file.native("model.diffusion_model." + SD_PROBE) == SD_PROBE
+
+
+def _good(tmp_path):
+    save_file({"w": torch.randn(64, 64)}, str(tmp_path / "good.safetensors"))
+    return (tmp_path / "good.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(("mangle", "message"), [
+    (lambda data: None, "no such file"),
+    (lambda data: data[:5], "too short"),
+    (lambda data: data[:-10], "truncated: .* bytes, the header needs"),
+    (lambda data: data[:30], "truncated header"),
+    (lambda data: (2**40).to_bytes(8, "little") + data[8:], "corrupt header length"),
+    (lambda data: data[:8] + b"#" + data[9:], "corrupt header"),
+    (lambda data: _with_header(data, {"w": {"dtype": "F32", "shape": [64, 64], "data_offsets": [0, 12]}}),
+     "spans 12 bytes, needs 16384"),
+    (lambda data: _with_header(data, {"w": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}}),
+     "corrupt header entry"),
+])
+def test_bad_files_raise_an_error_naming_the_file_and_the_fix(mio, tmp_path, mangle, message):
+    data = mangle(_good(tmp_path))
+    path = tmp_path / "bad.safetensors"
+    if data is not None:
+        path.write_bytes(data)
+    with pytest.raises(mio.ModelFileError, match=message) as error:
+        mio.SafetensorsFile(path)
+    assert str(path) in str(error.value) and error.value.fix
+
+
+def _with_header(data: bytes, header: dict) -> bytes:
+    length = int.from_bytes(data[:8], "little")
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + length:]
+
+
+def test_mixed_architectures_are_refused_with_the_fix(mio, tmp_path):
+    save_file({"model.diffusion_model." + SD_PROBE: torch.zeros(4, 768)}, str(tmp_path / "sd15.safetensors"))
+    save_file({"model.diffusion_model." + SD_PROBE: torch.zeros(4, 2048)}, str(tmp_path / "sdxl.safetensors"))
+    with pytest.raises(mio.ModelFileError, match="sdxl.safetensors: is a sdxl model but sd15.safetensors is "
+                                                 "sd15.*one base"):
+        mio.open_models([tmp_path / "sd15.safetensors", tmp_path / "sdxl.safetensors"])
+
+
+def test_writer_streams_and_renames_atomically(mio, tmp_path):
+    tensors = {"b": torch.randn(3, 4), "a": torch.arange(5, dtype=torch.int32), "h": torch.randn(7).half()}
+    planned = [mio.OutputTensor(k, t.dtype, tuple(t.shape)) for k, t in tensors.items()]
+    out = tmp_path / "out.safetensors"
+    with mio.SafetensorsWriter(out, planned, {"patchbay.recipe": "x"}) as writer:
+        for key, tensor in tensors.items():
+            writer.append(key, tensor)
+        assert not out.exists() and writer.temp_path.exists()
+        writer.commit()
+    loaded = load_file(str(out))
+    assert set(loaded) == set(tensors) and all(torch.equal(loaded[k], tensors[k]) for k in tensors)
+    assert mio.SafetensorsFile(out).metadata == {"patchbay.recipe": "x"}
+    assert os.listdir(tmp_path) == ["out.safetensors"]
+
+
+def test_writer_allows_planned_keys_to_be_dropped(mio, tmp_path):
+    planned = [mio.OutputTensor(k, torch.float32, (2, 2)) for k in ("x", "y", "z")]
+    with mio.SafetensorsWriter(tmp_path / "out.safetensors", planned, {}) as writer:
+        writer.append("x", torch.ones(2, 2))
+        writer.append("z", torch.zeros(3))  # a shape that differs from the plan
+        writer.commit()
+    loaded = load_file(str(tmp_path / "out.safetensors"))
+    assert set(loaded) == {"x", "z"} and loaded["z"].shape == (3,)
+
+
+@pytest.mark.parametrize("exception", [RuntimeError, KeyboardInterrupt])
+def test_writer_removes_its_temporary_file_on_error_and_never_overwrites(mio, tmp_path, exception):
+    out = tmp_path / "out.safetensors"
+    planned = [mio.OutputTensor("x", torch.float32, (2,))]
+    with pytest.raises(exception), mio.SafetensorsWriter(out, planned, {}) as writer:
+        writer.append("x", torch.ones(2))
+        raise exception("stop")
+    assert os.listdir(tmp_path) == []
+    out.write_bytes(b"keep")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        mio.SafetensorsWriter(out, planned, {})
+    mio.save_file({"x": torch.ones(2)}, out, overwrite=True)
+    assert torch.equal(load_file(str(out))["x"], torch.ones(2))
+
+
+def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(pack, mio, models):
+    from patchbay.merge import lora
+
+    base = mio.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
+    for name, path in models.loras.items():
+        source = lora.LoraSource(mio.SafetensorsFile(path), base)
+        assert source.unmapped == [], name
+        assert len(source.keys()) == (156 if name.startswith("patchbay-lora-") else 187), name
+        key = "model.diffusion_model.input_blocks.1.1.proj_in.weight"
+        delta, weight = source.delta(key), base.read(key).float()
+        assert delta.shape == weight.shape
+        assert 0.04 < float(delta.std() / weight.std()) < 0.08, name  # tiny_models: LORA_REL = 0.06
+
+
+def test_diffusers_names_follow_the_ldm_block_structure(pack):
+    from patchbay.merge import lora
+
+    modules = {"input_blocks.1.0.in_layers.2", "input_blocks.1.1.proj_in", "input_blocks.2.0.op",
+               "input_blocks.3.0.skip_connection", "middle_block.0.emb_layers.1", "middle_block.1.proj_out",
+               "output_blocks.0.0.out_layers.3", "output_blocks.1.1.conv", "output_blocks.2.1.proj_in",
+               "output_blocks.3.0.in_layers.2"}
+    names = lora.diffusers_unet_modules(modules)
+    assert names["input_blocks.1.0.in_layers.2"] == "down_blocks.0.resnets.0.conv1"
+    assert names["input_blocks.1.1.proj_in"] == "down_blocks.0.attentions.0.proj_in"
+    assert names["input_blocks.2.0.op"] == "down_blocks.0.downsamplers.0.conv"
+    assert names["input_blocks.3.0.skip_connection"] == "down_blocks.1.resnets.0.conv_shortcut"
+    assert names["middle_block.0.emb_layers.1"] == "mid_block.resnets.0.time_emb_proj"
+    assert names["middle_block.1.proj_out"] == "mid_block.attentions.0.proj_out"
+    assert names["output_blocks.0.0.out_layers.3"] == "up_blocks.0.resnets.0.conv2"
+    assert names["output_blocks.1.1.conv"] == "up_blocks.0.upsamplers.0.conv"
+    assert names["output_blocks.2.1.proj_in"] == "up_blocks.1.attentions.0.proj_in"
+    assert names["output_blocks.3.0.in_layers.2"] == "up_blocks.1.resnets.1.conv1"
