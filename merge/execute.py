@@ -34,7 +34,6 @@ import torch
 
 from . import io as mio
 from . import stream
-from .context import KeyContext
 from .steps import Graph, compile_recipe, recipe_text
 
 OUT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -68,7 +67,7 @@ class MergeOptions:
     seed: int = 0
     progress: bool = True
     fsync: bool = True
-    prefetch: int = 2
+    prefetch: int = 1
     chunk_elements: int = 1 << 16
     search_dirs: tuple[Path, ...] = ()
 
@@ -188,10 +187,7 @@ def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeR
         if not info.is_float:
             plans.append(KeyPlan(key, present, info.torch_dtype, info.shape, passthrough=first))
             continue
-        shape = planned_shape(graph, sources, key, present, options, report)
-        if shape is None:
-            report.skipped.append(key)
-            continue
+        shape = planned_shape(sources, key, present, options, report)
         plans.append(KeyPlan(key, present, out_dtype, shape))
     if lacking:
         example = next(iter(lacking))
@@ -211,22 +207,18 @@ def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeR
     return plans
 
 
-def planned_shape(graph: Graph, sources: list, key: str, present: tuple[bool, ...], options: MergeOptions,
-                  report: MergeReport) -> tuple[int, ...] | None:
-    """The output shape for ``key`` by evaluating the graph on meta tensors (None: the key is dropped)."""
-    shapes = [sources[i].info(key).shape if present[i] else None for i in range(len(sources))]
-    distinct = {s for s in shapes if s is not None}
-    if len(distinct) > 1:
+def planned_shape(sources: list, key: str, present: tuple[bool, ...], options: MergeOptions,
+                  report: MergeReport) -> tuple[int, ...]:
+    """The planned output shape of ``key``: its first input's (every shape policy keeps that shape).
+
+    Methods are not traced ahead of time: one that drops a key or changes a shape at run time is
+    still written correctly (the writer lays out offsets as tensors arrive).
+    """
+    shapes = [sources[i].info(key).shape for i in range(len(sources)) if present[i]]
+    if len(set(shapes)) > 1:
         if options.shape_policy == "error":
-            detail = ", ".join(f"{sources[i].name} {list(s)}" for i, s in enumerate(shapes) if s is not None)
+            detail = ", ".join(f"{sources[i].name} {list(sources[i].info(key).shape)}"
+                               for i in range(len(sources)) if present[i])
             raise MergeError(f"{key!r} has different shapes: {detail}; use shape_policy 'overlap' or 'first'")
         report.shape_mismatches.append(key)
-    if len(distinct) == 1 and all(shapes) and stream.chunkable(graph.root):
-        return shapes[0]  # elementwise methods keep the shape: no need to trace them
-    leaves = [torch.empty(s, device="meta") if s is not None else None for s in shapes]
-    ctx = KeyContext(key=key, seed=options.seed, device="meta", arch=report.arch)
-    try:
-        result = stream.Evaluator(graph, options.shape_policy).evaluate(graph.root, leaves, ctx)
-    except Exception:  # noqa: BLE001 - methods that cannot run on meta tensors keep the first shape
-        return next(s for s in shapes if s is not None)
-    return None if result is None else tuple(result.shape)
+    return shapes[0]

@@ -156,9 +156,9 @@ def chunkable(step: Any) -> bool:
 
 
 def all_finite(out: torch.Tensor) -> bool:
-    """True when every element is finite: one fp32 sum (inf/NaN propagate), an exact mask only when
-    that sum is not finite (it may have overflowed)."""
-    if math.isfinite(torch.sum(out, dtype=torch.float32).item()):
+    """True when every element is finite: one sum (inf/NaN propagate), an exact mask only when that
+    sum is not finite (it may have overflowed the dtype's range)."""
+    if math.isfinite(out.sum().item()):  # accumulates in fp32 for fp16/bf16, without a widened copy
         return True
     return bool(torch.isfinite(out).all())
 
