@@ -19,7 +19,9 @@ Needs ComfyUI imported in-process (devtools/comfy_inprocess.py, the tests' ``com
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import logging.handlers
 from collections.abc import Iterator
@@ -70,6 +72,18 @@ def load_model(arch: str) -> ModelPatcher:
 
     _check_arch(arch)
     return nodes.UNETLoader().load_unet(UNET_FILES[arch], "default")[0]
+
+
+@functools.cache
+def shared_model(arch: str) -> ModelPatcher:
+    """One ``load_model(arch)`` per process, for tests that only clone it (LoraLoader, hooks, samplers do).
+
+    Loading Flux takes seconds and 2 GiB; never add patches or options to this patcher itself.
+    """
+    return load_model(arch)
+
+
+atexit.register(shared_model.cache_clear)  # while comfy is still importable: ModelPatcher.__del__ needs it
 
 
 def load_lora(model: ModelPatcher, lora_name: str, strength: float = 1.0) -> ModelPatcher:

@@ -20,14 +20,15 @@ counts, context_in_dim and vec_in_dim are free: one double and one single block,
 tokens and pooled vector, guidance embedding on (Flux-dev, ``comfy.supported_models.Flux``).
 That is 531 M parameters (1 GiB in fp16) and cannot be made smaller for this loader.
 
-LoRAs (rank 8, fp16):
+LoRAs (rank 8, fp16). The Flux ones patch the attention and the single blocks' fused linears only
+(188 M of the 531 M weights): patching every linear made each LoraLoader or hook run cost seconds.
 - ``patchbay-sdxl-locon-r8``: kohya, LDM-style ``lora_unet_input_blocks_4_1_...`` names as sd-scripts
   writes them for SDXL: every transformer linear plus the res-block and resampler convs (LoCon).
-- ``patchbay-flux-kohya-r8``: kohya ``lora_unet_double_blocks_0_img_attn_qkv`` names, every block linear.
+- ``patchbay-flux-kohya-r8``: kohya ``lora_unet_double_blocks_0_img_attn_qkv`` names.
 - ``patchbay-flux-diffusers-r8``: diffusers/PEFT ``transformer.transformer_blocks.0.attn.to_q.lora_A``
   names; ComfyUI maps q, k, v (and the single blocks' mlp) onto slices of the fused weights.
 - ``patchbay-flux-bfl-r8``: BFL's own layout (the flux1 canny/depth LoRAs): ``<module>.lora_A/lora_B``
-  with ``lora_B.bias`` on every linear, a 128-channel ``img_in`` and RMSNorm scales. Only
+  with ``lora_B.bias``, a 128-channel ``img_in`` and every RMSNorm scale. Only
   ``comfy.lora_convert.convert_lora`` (which LoraLoader runs) maps it to the model.
 """
 
@@ -68,6 +69,7 @@ SDXL_SUFFIXES = (
     ".to_q", ".to_k", ".to_v", ".to_out.0", ".ff.net.0.proj", ".ff.net.2", ".proj_in", ".proj_out",
     ".in_layers.2", ".out_layers.3", ".emb_layers.1", ".skip_connection", ".op", ".conv",
 )
+FLUX_TARGETS = ("_attn.qkv", "_attn.proj", ".linear1", ".linear2")  # module-name endings
 BFL_CONTROL_CHANNELS = 128  # img_in of the canny/depth models: 64 latent + 64 control channels
 
 
@@ -122,14 +124,14 @@ class ArchModels:
                 out[f"{name}.alpha"] = torch.tensor(spec.alpha, dtype=torch.float16)
         return out
 
-    def _flux_linears(self, blocks_only: bool) -> dict[str, tuple[int, ...]]:
-        found = {name: tuple(m.weight.shape) for name, m in self.flux.diffusion_model.named_modules()
-                 if isinstance(m, torch.nn.Linear)}
-        return {n: s for n, s in found.items() if not blocks_only or n.startswith(("double_", "single_"))}
+    def _flux_linears(self) -> dict[str, tuple[int, ...]]:
+        """The linears the Flux LoRAs patch (FLUX_TARGETS), by module name."""
+        return {name: tuple(m.weight.shape) for name, m in self.flux.diffusion_model.named_modules()
+                if isinstance(m, torch.nn.Linear) and name.endswith(FLUX_TARGETS)}
 
     def flux_kohya_lora(self) -> Tensors:
         out, spec = {}, LoraSpec(FLUX_KOHYA, "lora", RANK)
-        for module_name, shape in self._flux_linears(blocks_only=True).items():
+        for module_name, shape in self._flux_linears().items():
             name = "lora_unet_" + module_name.replace(".", "_")
             out.update(lora_module(name, shape, spec, _delta_std(shape), f"{FLUX_KOHYA}/{name}"))
             out[f"{name}.alpha"] = torch.tensor(spec.alpha, dtype=torch.float16)
@@ -137,14 +139,14 @@ class ArchModels:
 
     def flux_diffusers_lora(self) -> Tensors:
         """PEFT names from ComfyUI's own diffusers map; q/k/v/mlp target slices of the fused weights."""
-        shapes = self._flux_linears(blocks_only=True)
+        shapes = self._flux_linears()
         out = {}
         for name, target in self.flux_to_diffusers(FLUX_DIT).items():
             in_blocks = name.startswith(("transformer_blocks.", "single_transformer_blocks."))
             if not (in_blocks and name.endswith(".weight")):
                 continue
             key, (dim, _, size) = target if isinstance(target, tuple) else (target, (0, 0, None))
-            if not key.endswith(".weight"):
+            if key.removesuffix(".weight") not in shapes:
                 continue
             shape = list(shapes[key.removesuffix(".weight")])
             shape[dim] = size or shape[dim]
@@ -156,9 +158,8 @@ class ArchModels:
     def flux_bfl_lora(self) -> Tensors:
         """BFL control-LoRA layout: lora_A/lora_B/lora_B.bias on every linear, norm scales, wider img_in."""
         out = {}
-        for module, shape in self._flux_linears(blocks_only=False).items():
-            if module == "img_in":
-                shape = (shape[0], BFL_CONTROL_CHANNELS)
+        linears = {**self._flux_linears(), "img_in": (FLUX_DIT["hidden_size"], BFL_CONTROL_CHANNELS)}
+        for module, shape in linears.items():
             seed = f"{FLUX_BFL}/{module}"
             down, up = low_rank_pair(shape, RANK, 1.0, _delta_std(shape), seed)
             bias = uniform(f"{seed}/bias", shape[:1], _delta_std(shape))
