@@ -157,11 +157,14 @@ def _sdmecha(recipe: str, inputs: list[Path], out: Path) -> float:
             "add_difference_3": lambda: sd_mecha.add_difference(models[0], models[1], models[2], alpha=1.0),
             "average_8": lambda: sd_mecha.n_average(*models)}[recipe]()
     start = time.perf_counter()
-    sd_mecha.merge(root, output=out, merge_dtype=torch.float32, output_dtype=torch.float16, tqdm=_Silent)
+    sd_mecha.merge(root, output=out, merge_dtype=torch.float32, output_dtype=torch.float16,
+                   tqdm=SilentProgress)
     return time.perf_counter() - start
 
 
-class _Silent:
+class SilentProgress:
+    """A tqdm stand-in that prints nothing (sd-mecha's ``tqdm=`` argument)."""
+
     def __init__(self, *args, **kwargs) -> None:
         pass
 

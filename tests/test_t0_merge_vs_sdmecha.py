@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_merge import SilentProgress  # devtools/ is on sys.path (tests/conftest.py)
 from safetensors.torch import load_file, save_file
 
 pytestmark = pytest.mark.t0
@@ -45,23 +46,6 @@ def models(sd_mecha, tmp_path_factory) -> list[Path]:
     return paths
 
 
-class _Silent:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def update(self, *args, **kwargs) -> None:
-        return None
-
-    def set_postfix(self, *args, **kwargs) -> None:
-        return None
-
-
 CASES = {
     "weighted_sum": (lambda m, a, b, c: m.weighted_sum(a, b, alpha=0.3),
                      lambda R, a, b, c: R.weighted_sum(a, b, alpha=0.3)),
@@ -89,7 +73,7 @@ def test_same_output_as_sdmecha(pack, sd_mecha, models, tmp_path, name, dtype):
     theirs_recipe, ours_recipe = CASES[name]
     theirs_path, ours_path = tmp_path / "sdmecha.safetensors", tmp_path / "patchbay.safetensors"
     sd_mecha.merge(theirs_recipe(sd_mecha, *(sd_mecha.model(str(p)) for p in models)), output=theirs_path,
-                   merge_dtype=torch.float32, output_dtype=torch_dtype, threads=1, tqdm=_Silent)
+                   merge_dtype=torch.float32, output_dtype=torch_dtype, threads=1, tqdm=SilentProgress)
     execute.merge(ours_recipe(R, *(R.model(str(p)) for p in models)), ours_path,
                   execute.MergeOptions(dtype=dtype, progress=False, fsync=False, chunk_elements=7))
     theirs, ours = load_file(str(theirs_path)), load_file(str(ours_path))
