@@ -158,10 +158,11 @@ def sample(
     ``latent_size`` defaults to LATENT_SIZE of the model's architecture; the channel count comes from
     the model's latent format (4 for SDXL, 16 for Flux).
     """
+    import comfy.model_base
+
     import nodes
 
-    arch = "flux" if model.model.latent_format.latent_channels == 16 else "sdxl"
-    size = latent_size or LATENT_SIZE[arch]
+    size = latent_size or LATENT_SIZE["flux" if isinstance(model.model, comfy.model_base.Flux) else "sdxl"]
     empty = {"samples": torch.zeros((1, model.model.latent_format.latent_channels, size, size))}
     out = nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, empty,
                                 denoise=denoise)

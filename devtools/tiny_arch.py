@@ -10,9 +10,10 @@ use_linear_in_transformer, context_dim (2048), adm_in_channels (2816) and the en
 per-res-block ``transformer_depth``; SDXL [0,0,2,2,10,10], SSD-1B [0,0,2,2,4,4], Segmind Vega
 [0,0,1,1,2,2] and KOALA-700M [0,2,5] all build ``comfy.model_base.SDXL``. The smallest is KOALA's
 (one res block per level, 7 encoder transformer blocks). Channel multipliers, decoder and middle
-depths are read from the file but not matched, so all three levels stay 320 wide with one
-transformer block per decoder res block and in the middle: 77 M parameters, SDXL's real key layout
-(``input_blocks.4.1.transformer_blocks.0.attn2.to_k``), detected as KOALA_700M, model class SDXL.
+depths are read from the file but not matched, so all three levels stay 320 wide, and the middle
+block and the decoder's res blocks below the top level get one transformer block each: 82 M
+parameters (156 MiB in fp16), SDXL's real key layout (``input_blocks.4.1.transformer_blocks.0.attn2.to_k``),
+detected as KOALA_700M, model class SDXL.
 
 Flux: detection fixes num_heads 24 and axes_dim [16, 56, 56], and the model requires
 hidden_size / num_heads == sum(axes_dim), so hidden_size must be Flux's 3072. Only the block

@@ -7,6 +7,8 @@ samples them deterministically.
 
 from __future__ import annotations
 
+import logging
+
 import arch_sampling
 import pytest
 import tiny_arch
@@ -26,7 +28,7 @@ def test_unet_files_are_detected_as_sdxl_and_flux(comfy):
 
     loaded = {}
     for arch in arch_sampling.ARCHES:  # a load of its own: the log of the shared one may be gone
-        with arch_sampling.logged(level=20) as records:
+        with arch_sampling.logged(level=logging.INFO) as records:
             loaded[arch] = arch_sampling.load_model(arch)
         messages = [r.getMessage() for r in records]
         assert not [m for m in messages if any(k in m for k in KEY_MESSAGES)], messages
