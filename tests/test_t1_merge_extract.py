@@ -1,0 +1,94 @@
+"""T1: a LoRA extracted by merge/extract.py loads in ComfyUI's LoraLoader without a warning and adds
+the delta it was extracted from, exactly where the delta has low rank, up to the SVD truncation
+error elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+pytestmark = pytest.mark.t1
+
+UNET = "model.diffusion_model."
+CLIP = "cond_stage_model.transformer."
+LOW_RANK = {UNET + "input_blocks.1.0.in_layers.2.weight": 3,  # 3x3 convolution
+            CLIP + "text_model.encoder.layers.0.self_attn.q_proj.weight": 4}
+FULL_RANK = (UNET + "input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight",  # linear 320x768
+             UNET + "input_blocks.1.1.proj_in.weight")  # 1x1 convolution
+DROPPED = UNET + "input_blocks.1.0.in_layers.2.bias"
+RANK = 8
+
+
+@pytest.fixture(scope="module")
+def extracted(pack, comfy, models, tmp_path_factory):
+    """(LoRA path, deltas) for subtract(tuned, base) over a few keys of tiny checkpoint a."""
+    from patchbay.merge import extract, io
+    from patchbay.merge import recipe as R
+
+    folder = tmp_path_factory.mktemp("extract")
+    checkpoint = io.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
+    gen = torch.Generator().manual_seed(0)
+    base, tuned, deltas = {}, {}, {}
+    for key in (*LOW_RANK, *FULL_RANK, DROPPED):
+        weight = checkpoint.read(key).float()
+        flat = (weight.shape[0], weight[0].numel())
+        if key in LOW_RANK:
+            delta = torch.randn(flat[0], LOW_RANK[key], generator=gen) @ torch.randn(LOW_RANK[key], flat[1],
+                                                                                     generator=gen)
+        else:
+            delta = torch.randn(flat if weight.dim() > 1 else flat[:1], generator=gen)
+        deltas[key] = (delta * weight.std() * 0.05).reshape(weight.shape)
+        base[key], tuned[key] = weight, weight + deltas[key]
+    save_file(base, str(folder / "base.safetensors"))
+    save_file(tuned, str(folder / "tuned.safetensors"))
+    loras = folder / "loras"
+    loras.mkdir()
+    out = loras / "patchbay-extracted.safetensors"
+    recipe = R.subtract(R.model(str(folder / "tuned.safetensors")), R.model(str(folder / "base.safetensors")))
+    report = extract.extract_lora(recipe, out, extract.ExtractOptions(rank=RANK, dtype="fp32"))
+    assert report.modules == 4 and DROPPED not in report.ranks
+    comfy.folder_paths.add_model_folder_path("loras", str(loras))
+    yield out, deltas
+    comfy.folder_paths.folder_names_and_paths["loras"][0].remove(str(loras))
+
+
+def test_extracted_lora_loads_without_warnings_and_adds_the_truncated_delta(comfy, extracted, caplog):
+    path, deltas = extracted
+    model, clip, _ = comfy.nodes.CheckpointLoaderSimple().load_checkpoint("patchbay-sd15-tiny-a.safetensors")
+    with caplog.at_level(logging.WARNING):
+        patched_model, patched_clip = comfy.nodes.LoraLoader().load_lora(model, clip, path.name, 1.0, 1.0)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # "lora key not loaded: ..."
+    assert len(patched_model.patches) == 3 and len(patched_clip.patcher.patches) == 1
+    patched = {**_patched_weights(patched_model, "diffusion_model.", UNET),
+               **_patched_weights(patched_clip.patcher, "clip_l.transformer.", CLIP)}
+    original = {**_patched_weights(model, "diffusion_model.", UNET),
+                **_patched_weights(clip.patcher, "clip_l.transformer.", CLIP)}
+    for key, delta in deltas.items():
+        if key == DROPPED:
+            continue
+        added = patched[key].float() - original[key].float()
+        scale = delta.norm()
+        if key in LOW_RANK:  # rank below RANK: reproduced up to float rounding
+            assert (added - delta).norm() / scale < 2e-3, key
+        else:  # the best rank-8 approximation: its error is the energy of the dropped singular values
+            s = torch.linalg.svdvals(delta.reshape(delta.shape[0], -1))
+            expected = (s[RANK:].square().sum().sqrt() / s.square().sum().sqrt()).item()
+            assert abs((added - delta).norm().item() / scale - expected) < 2e-3, key
+
+
+def _patched_weights(patcher, prefix: str, canonical: str) -> dict[str, torch.Tensor]:
+    """Weights under checkpoint key names, with the patcher's patches applied as ComfyUI applies them."""
+    import comfy.lora
+
+    wanted = {prefix + k[len(canonical):] for k in (*LOW_RANK, *FULL_RANK) if k.startswith(canonical)}
+    out = {}
+    for key, weight in patcher.model.state_dict().items():
+        if key in wanted:
+            weight = weight.detach().float().clone()
+            if key in patcher.patches:
+                weight = comfy.lora.calculate_weight(patcher.patches[key], weight, key)
+            out[canonical + key[len(prefix):]] = weight
+    return out
