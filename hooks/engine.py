@@ -32,6 +32,7 @@ from typing import Any
 import comfy.hooks
 import comfy.utils
 import torch
+from comfy.patcher_extension import WrappersMP
 
 from .cache import TensorCache
 from .lowrank import ModuleDeltas
@@ -43,6 +44,7 @@ __all__ = ["RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper", "calc_cond
 log = logging.getLogger("patchbay.hooks")
 
 RUN_KEY = "patchbay.hooks.run"
+_COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 _PLANS_KEPT = 8
 
 
@@ -121,6 +123,12 @@ class HookEngine:
     def claim(self, patcher: Any, hooks: Any, model_options: dict) -> list[Any]:
         """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``."""
         model = patcher.model
+        compiled = _compiled_part(patcher)
+        if compiled is not None:
+            log.debug("hooks run on ComfyUI's weight-swapping path: %s is compiled with torch.compile, whose "
+                      "graphs do not see forward hooks added later (use Patch Order weight_patch_first)",
+                      compiled)
+            return []
         claimed: list[Any] = []
         for hook in hooks.get_type(comfy.hooks.EnumHookType.Weight):
             hp = self.hook_patches(model, hook)
@@ -163,6 +171,16 @@ class HookEngine:
                 return dense_delta(patch, pk, base.to(device), strength).to(dtype)
             return self.cache.get_or_make((id(patch), pk.key, pk.offset, device, dtype, strength), make)
         return fetch
+
+
+def _compiled_part(patcher: Any) -> str | None:
+    """What of the model runs under torch.compile (an object patch, or core's TorchCompileModel), or None."""
+    for key, value in patcher.object_patches.items():
+        if isinstance(value, torch._dynamo.eval_frame.OptimizedModule):
+            return f"object patch {key!r}"
+    if _COMPILE_KEY in patcher.wrappers.get(WrappersMP.APPLY_MODEL, {}):
+        return "the diffusion model (TorchCompileModel)"
+    return None
 
 
 def _name(hook: Any) -> str:

@@ -113,3 +113,24 @@ def test_new_seed_does_not_recompile(run):
 def test_no_recompile_across_orders_and_hooks(run):
     """Runs after the others (file order): the core order, a hook, a new seed reused the first graphs."""
     assert run.compilations() == run.first_compile, "inductor compiled again"
+
+
+def test_hook_engine_on_compiled_unet_leaves_hooks_to_core(run, caplog):
+    """torch.compile'd graphs do not see forward hooks added after compiling (dynamo skips hook guards),
+    so on a compiled model the engine hands every hook to core's path, which weight_patch_first makes
+    reach the compiled UNet; the result equals LoraLoader and a new seed compiles nothing."""
+    import logging
+
+    he = importlib.import_module(run.mp.__name__.rsplit(".", 1)[0] + ".hook_engine")
+    n = run.n
+    (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
+    (pos,) = n["ConditioningSetProperties"]().set_properties(run.positive, 1.0, "default", hooks=hooks)
+    (neg,) = n["ConditioningSetProperties"]().set_properties(run.negative, 1.0, "default", hooks=hooks)
+    ordered = run.mp.set_patch_order(run.model, "weight_patch_first")
+    fast = run.with_compiled_unet(he.enable_hook_engine(ordered))
+    before = run.compilations()
+    with caplog.at_level(logging.DEBUG, logger="patchbay.hooks"):
+        assert close_to(run.sample(fast, pos=pos, neg=neg), run.with_lora)
+    assert "compiled with torch.compile" in caplog.text
+    assert close_to(run.sample(fast, seed=2, pos=pos, neg=neg), run.sample(run.lora, seed=2))
+    assert run.compilations() == before, "the hooked runs compiled again"
