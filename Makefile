@@ -2,7 +2,7 @@
 # environment with ComfyUI 0.3.75, and tiny models are generated on first use.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test lint models workflows env clean bench-hooks
+.PHONY: help demo run test lint models workflows env clean bench-hooks bench-merge
 
 # $(call with_env,FLAGS): enter the environment; sets PY and PATCHBAY_COMFYUI for the rest of the line.
 with_env = env_dir="$$(devtools/env.sh $(1))" && export PATCHBAY_COMFYUI="$$env_dir/comfyui" \
@@ -16,6 +16,7 @@ help:
 	@echo "make models  generate the tiny test models into .cache/models"
 	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
 	@echo "make bench-hooks  time LoRA hooks (plain, LoraLoader, core, Patchbay); not CI. BENCH_ARGS=--quick"
+	@echo "make bench-merge  time SD1.5-size merges (Patchbay, sd-mecha, read+write floor); not CI. BENCH_ARGS=--no-sdmecha"
 
 demo:
 	@$(call with_env) && "$$PY" devtools/demo.py
@@ -38,6 +39,9 @@ workflows:
 
 bench-hooks:
 	@$(call with_env) && "$$PY" devtools/bench_hooks.py $(BENCH_ARGS)
+
+bench-merge:
+	@$(call with_env) && "$$PY" devtools/bench_merge.py $(BENCH_ARGS)
 
 env:
 	@devtools/env.sh --browser
