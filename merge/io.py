@@ -4,8 +4,8 @@ Opening a model reads only its header; tensors are read one key at a time with `
 buffers the caller owns (no mmap: mapped pages would count against the merge's resident memory,
 and fresh allocations cost page faults). The architecture is detected from key names and shapes:
 ``sd15``, ``sdxl``, ``flux`` (whole checkpoints or UNet/transformer-only files), ``lora-kohya``,
-``lora-lycoris`` or ``unknown``. Every problem with a file raises ``ModelFileError`` naming the file
-and what to do.
+``lora-lycoris``, ``lora-peft`` or ``unknown``. Every problem with a file raises ``ModelFileError``
+naming the file and what to do.
 
 The writer knows every output tensor's name, dtype and shape before the first byte, so the header
 is written first and each tensor goes to its final offset as soon as it exists. Bytes go to a
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -174,28 +175,33 @@ def _prod(shape: Iterable[int]) -> int:
 
 # ---- architecture detection --------------------------------------------------------------------
 
-_SD_PROBE = "input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"
+_CROSS_ATTENTION = re.compile(r"^(model\.diffusion_model\.)?(input_blocks|middle_block|output_blocks)"
+                              r"\.\d+\.1\.transformer_blocks\.0\.attn2\.to_k\.weight$")
 _LYCORIS_MARKERS = (".hada_w1_a", ".lokr_w1", ".lokr_w2", ".lokr_w1_a", ".lokr_w2_a", ".hada_t1")
 
 
 def detect_architecture(tensors: Mapping[str, TensorInfo]) -> tuple[str, bool]:
     """``(arch, unet_only)`` from key names and shapes.
 
-    SD1.5 and SDXL are told apart by the cross-attention context width of the first transformer
-    (768 vs 2048) and SDXL's ``label_emb``; Flux by its ``double_blocks``. LoRA files are
-    ``lora-lycoris`` when any LoHa/LoKr tensor is present, else ``lora-kohya``.
+    SD1.5 and SDXL are told apart by the cross-attention context width of their transformers (768
+    vs 2048, any block: reduced-depth UNets lack some) and SDXL's ``label_emb``; Flux by its
+    ``double_blocks``. LoRA files are ``lora-lycoris`` when any LoHa/LoKr tensor is present, ``lora-kohya``
+    for ``lora_down``/``lora_up`` and ``lora-peft`` for ``lora_A``/``lora_B`` (diffusers, BFL).
     """
     keys = tensors.keys()
     if any(k.endswith(_LYCORIS_MARKERS) for k in keys):
         return "lora-lycoris", False
     if any(k.endswith((".lora_down.weight", ".lora_up.weight")) for k in keys):
         return "lora-kohya", False
+    if any(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys):
+        return "lora-peft", False
+    for key in keys:
+        match = _CROSS_ATTENTION.match(key)
+        if match:
+            prefix, shape = match[1] or "", tensors[key].shape
+            sdxl = f"{prefix}label_emb.0.0.weight" in keys or (len(shape) == 2 and shape[1] == 2048)
+            return ("sdxl" if sdxl else "sd15"), not prefix
     for unet_only, prefix in ((False, UNET_PREFIX), (True, "")):
-        probe = tensors.get(prefix + _SD_PROBE)
-        if probe is not None:
-            if f"{prefix}label_emb.0.0.weight" in keys or (len(probe.shape) == 2 and probe.shape[1] == 2048):
-                return "sdxl", unet_only
-            return "sd15", unet_only
         if f"{prefix}double_blocks.0.img_attn.qkv.weight" in keys:
             return "flux", unet_only
     return "unknown", False

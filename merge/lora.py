@@ -51,9 +51,12 @@ class LoraSource:
         self.unmapped: list[str] = []
         for module, parts in modules.items():
             if unknown := set(parts) - SUPPORTED:
-                raise mio.ModelFileError(file.path, f"module {module} uses {sorted(unknown)}",
-                                         "Only plain LoRA/LoCon, LoHa and LoKr are supported (no DoRA, "
-                                         "Tucker or GLoRA); bake this LoRA in ComfyUI instead.")
+                shown = ", ".join(sorted(unknown)[:4]) + (", ..." if len(unknown) > 4 else "")
+                raise mio.ModelFileError(
+                    file.path, f"module {module} has tensors this reader does not know ({shown})",
+                    "Supported: kohya LoRA/LoCon and LyCORIS LoHa/LoKr with kohya names (no PEFT "
+                    "lora_A/lora_B, DoRA, Tucker or GLoRA); convert the LoRA, or apply it with ComfyUI's "
+                    "LoraLoader and save the checkpoint.")
             if module in names:
                 self.targets[names[module]] = parts
             else:

@@ -59,6 +59,21 @@ def test_tiny_models_are_detected(mio, models):
     assert {kinds[n] for n in kinds if "loha" in n or "lokr" in n} == {"lora-lycoris"}
 
 
+def test_tiny_sdxl_and_flux_models_and_their_loras(pack, mio, models):
+    from patchbay.merge import lora
+
+    root = models.root / "diffusion_models"
+    sdxl, flux = (mio.SafetensorsFile(root / f"patchbay-{n}-tiny.safetensors") for n in ("sdxl", "flux"))
+    assert (sdxl.arch, sdxl.unet_only, flux.arch, flux.unet_only) == ("sdxl", True, "flux", True)
+    for base, name in ((sdxl, "patchbay-sdxl-locon-r8"), (flux, "patchbay-flux-kohya-r8")):
+        source = lora.LoraSource(mio.SafetensorsFile(models.loras[name]), base)
+        assert source.keys() and source.unmapped == [], name
+    peft = mio.SafetensorsFile(models.loras["patchbay-flux-diffusers-r8"])
+    assert peft.arch == "lora-peft"
+    with pytest.raises(mio.ModelFileError, match="lora_A/lora_B"):
+        lora.LoraSource(peft, flux)
+
+
 def test_unet_only_keys_are_canonicalised(mio, tmp_path):
     save_file({SD_PROBE: torch.zeros(4, 768)}, str(tmp_path / "unet.safetensors"))
     file = mio.SafetensorsFile(tmp_path / "unet.safetensors")
