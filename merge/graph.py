@@ -90,7 +90,19 @@ class CallNode:
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
         kwargs = self.kwargs.items() if isinstance(self.kwargs, Mapping) else self.kwargs
-        object.__setattr__(self, "kwargs", tuple(sorted(kwargs)))
+        object.__setattr__(self, "kwargs", tuple(sorted(kwargs, key=lambda item: item[0])))
+        # hashed once: children cache theirs, so hashing a DAG with shared parts stays linear
+        object.__setattr__(self, "_hash", hash((self.method, self.args, self.kwargs)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, CallNode) or self._hash != other._hash:
+            return False
+        return _same(self, other, set())
 
     def kwarg(self, name: str) -> Node:
         return dict(self.kwargs)[name]
@@ -122,6 +134,19 @@ class ParamNode:
 Node = Union[ModelNode, LiteralNode, CallNode, FreeInput, ParamNode]  # noqa: UP007
 TENSOR_NODES = (ModelNode, CallNode, FreeInput)
 
+
+
+def _same(a: Node, b: Node, seen: set[tuple[int, int]]) -> bool:
+    """Structural equality that visits each pair of shared sub-graphs once (plain == is exponential)."""
+    if a is b or (id(a), id(b)) in seen:
+        return True
+    if not (isinstance(a, CallNode) and isinstance(b, CallNode)):
+        return a == b
+    seen.add((id(a), id(b)))
+    return (a._hash == b._hash and a.method == b.method and len(a.args) == len(b.args)
+            and [k for k, _ in a.kwargs] == [k for k, _ in b.kwargs]
+            and all(_same(x, y, seen) for x, y in zip(a.args, b.args, strict=True))
+            and all(_same(x, y, seen) for (_, x), (_, y) in zip(a.kwargs, b.kwargs, strict=True)))
 
 
 def label(node: Node) -> str:

@@ -181,16 +181,24 @@ def _check_kwarg(spec: MergeMethod, name: str, value: Node, path: tuple[str, ...
 
 def output_space(node: Node, path: tuple[str, ...] = ()) -> str:
     """The merge space a tensor node produces (``any`` when it cannot be known yet)."""
+    return _space(node, path, {})
+
+
+def _space(node: Node, path: tuple[str, ...], memo: dict[int, str]) -> str:
+    if id(node) in memo:  # shared sub-graphs are looked at once
+        return memo[id(node)]
+    space = PARAM
     if isinstance(node, (ModelNode, FreeInput)):
-        return node.space
-    if isinstance(node, CallNode):
+        space = node.space
+    elif isinstance(node, CallNode):
         spec = _method(node.method, path)
-        if spec.output != ANY:
-            return spec.output
-        spaces = {output_space(a, path + (_input_label(spec, i),)) for i, a in enumerate(node.args)
-                  if spec.input_space(i) == ANY} - {ANY}
-        return spaces.pop() if len(spaces) == 1 else ANY
-    return PARAM
+        space = spec.output
+        if space == ANY:
+            spaces = {_space(a, path + (_input_label(spec, i),), memo) for i, a in enumerate(node.args)
+                      if spec.input_space(i) == ANY} - {ANY}
+            space = spaces.pop() if len(spaces) == 1 else ANY
+    memo[id(node)] = space
+    return space
 
 
 def validate(root: Node) -> None:

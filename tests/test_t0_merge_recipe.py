@@ -267,3 +267,24 @@ def test_methods_table_lists_every_method_with_a_link(reg):
     rows = {line.split("`")[1]: line for line in table.splitlines() if line.startswith("| `")}
     assert set(rows) == {m.name for m in reg.all_methods()}
     assert all("](http" in row for row in rows.values())
+
+
+def test_deep_recipes_with_shared_parts_stay_fast(R, pack):
+    """Hash, equality, checks, bind and text are linear in a DAG whose parts are shared (not 2**depth)."""
+    import time
+
+    from patchbay.merge import mecha_text
+
+    def chain(depth):
+        x, y = R.model("a"), R.model("b")
+        for _ in range(depth):
+            x = R.weighted_sum(x, R.slerp(x, y))
+        return x
+
+    start = time.perf_counter()
+    x = chain(60)
+    R.validate(x)
+    assert mecha_text.parse(mecha_text.dumps(x)) == x == chain(60) and hash(x) == hash(chain(60))
+    assert R.bind(R.weighted_sum(R.free_input("q"), R.model("b")), inputs={"q": x}).args[0] == x
+    assert x != R.weighted_sum(x.args[0], R.slerp(x.args[0], R.model("c")))
+    assert time.perf_counter() - start < 5
