@@ -10,9 +10,10 @@ ComfyUI's ``model.diffusion_model.`` prefix or not (diffusion-model-only files).
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 ARCHS = ("sd15", "sdxl", "flux")
 _UNET = re.compile(r"(?:^|\.)(input_blocks|middle_block|output_blocks)\.(\d+)\.")
@@ -71,6 +72,11 @@ def _flux_block(key: str) -> str:
     return module if module in _FLUX_MODULES else "BASE"
 
 
+COMPONENTS = {"sd15": ("diffuser", "clip_l", "vae", "ema", "scheduler"),
+              "sdxl": ("diffuser", "clip_l", "clip_g", "vae", "scheduler"),
+              "flux": ("diffuser", "clip_l", "vae")}
+
+
 def component_of(arch: str, key: str) -> str | None:
     """sd-mecha's component of ``key``: diffuser, clip_l, clip_g, vae, ema or scheduler."""
     if key.startswith(_DIFFUSION):
@@ -111,6 +117,24 @@ def resolve(mapping: Mapping[str, object], arch: str, key: str, *, where: str = 
         return mapping["default"]
     raise KeyError(f"{where}: no entry for key {key!r} (block {block!r} in {arch}) among "
                    f"{', '.join(mapping) or 'no entries'}; add it or a 'default' entry")
+
+
+def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | None = None) -> None:
+    """Refuse map entries that can match nothing: not ``default``, not a glob, not a block name of
+    ``arch`` and not one of ``keys`` (when given; without it any dotted name passes as a key).
+
+    Raises ``ValueError`` naming the entry, with the nearest block names.
+    """
+    names = block_names(arch)
+    for entry in mapping:
+        if entry == "default" or _is_glob(entry) or entry in names:
+            continue
+        if (entry in keys) if keys is not None else "." in entry:
+            continue
+        close = difflib.get_close_matches(entry, names, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(f"map entry {entry!r} is no block of {arch} ({', '.join(names[:4])}, ...), "
+                         f"no key and no glob{hint}")
 
 
 def _is_glob(pattern: str) -> bool:

@@ -301,6 +301,10 @@ def test_fallback_and_components(m, ctx):
     assert m("pick_component").fn(A, component="diffuser", ctx=clip) is None
     assert m("omit_component").fn(A, component="clip_l", ctx=clip) is None
     assert m("omit_component").fn(A, component="clip_l", ctx=unet) is A
+    with pytest.raises(ValueError, match="valid components"):
+        m("pick_component").fn(A, component="clip_g", ctx=unet)
+    with pytest.raises(ValueError, match="not 'unknown'"):
+        m("pick_component").fn(A, component="diffuser", ctx=KeyContext(key="w"))
 
 
 def test_methods_never_change_their_inputs(m, ctx):
@@ -309,5 +313,5 @@ def test_methods_never_change_their_inputs(m, ctx):
     for method in registry.all_methods():
         inputs = tuple(x.clone() for x in (A, B, C)[: len(method.inputs) + method.variadic])
         before = [x.clone() for x in inputs]
-        method.fn(*inputs, ctx=ctx())
+        method.fn(*inputs, ctx=ctx(arch="sd15"))
         assert all(torch.equal(x, y) for x, y in zip(inputs, before, strict=True)), method.name

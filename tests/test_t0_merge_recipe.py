@@ -288,3 +288,15 @@ def test_deep_recipes_with_shared_parts_stay_fast(R, pack):
     assert R.bind(R.weighted_sum(R.free_input("q"), R.model("b")), inputs={"q": x}).args[0] == x
     assert x != R.weighted_sum(x.args[0], R.slerp(x.args[0], R.model("c")))
     assert time.perf_counter() - start < 5
+
+
+def test_check_map_refuses_entries_that_match_nothing(pack):
+    from patchbay.merge import blocks
+
+    entries = {"IN00": 1, "*.attn2.*": 0.5, "default": 0, "model.diffusion_model.out.2.weight": 1}
+    blocks.check_map(entries, "sd15")
+    blocks.check_map({"double_blocks.3": 1.0}, "flux")
+    with pytest.raises(ValueError, match=r"'IN0' is no block of sd15.*did you mean 'IN"):
+        blocks.check_map({"IN0": 1.0}, "sd15")
+    with pytest.raises(ValueError, match="no key and no glob"):
+        blocks.check_map({"model.x": 1.0}, "sd15", keys={"model.y"})
