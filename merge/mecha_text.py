@@ -62,7 +62,7 @@ class _Map(dict):
 
 def parse(text: str) -> Node:
     """The recipe a .mecha text describes; ``MechaSyntaxError`` (line, column) when it is malformed."""
-    lines = text.split("\n")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]  # a file saved with CRLF reads the same
     if lines[0] != VERSION:
         raise MechaSyntaxError(1, 1, f"expected the header {VERSION!r}, got {lines[0]!r}", lines[0])
     results: list[Any] = []

@@ -212,3 +212,8 @@ def test_syntax_errors_carry_line_and_column(M, text, line, column, fragment):
 def test_dumps_refuses_values_the_format_cannot_hold(R, M):
     with pytest.raises(ValueError, match="not finite"):
         M.dumps(R.weighted_sum(R.model("a"), R.model("b"), alpha=float("inf")))
+
+
+def test_crlf_files_read_like_lf_files(R, M):
+    recipe = _recipes(R)["blocks"]
+    assert M.parse(M.dumps(recipe).replace("\n", "\r\n")) == recipe
