@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from . import io as mio
-from . import stream
+from . import pipeline
 from .steps import Graph, compile_recipe, recipe_text
 
 OUT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -50,8 +50,10 @@ class MergeOptions:
     """How to run a merge (see the module docstring for the policies).
 
     ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``device``: where
-    the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds read-ahead and
-    the intermediates held while evaluating one key; above it they are spilled to a temporary file.
+    the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds what the merge holds
+    besides torch itself: read-ahead arenas get a quarter (one arena, no read-ahead, when a key's
+    inputs are larger), the intermediates of one key half; above that they are spilled to a
+    temporary file next to the output.
     ``nonfinite``: ``"error"`` or ``"warn"`` when an output tensor holds inf/NaN. ``search_dirs``:
     folders where relative model paths are looked up after the current folder.
     """
@@ -126,7 +128,7 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
         metadata = {"patchbay.recipe": recipe_text(recipe), "patchbay.generator": "ComfyUI-Patchbay merge"}
         outputs = [mio.OutputTensor(p.key, p.dtype, p.shape) for p in plans]
         with mio.SafetensorsWriter(out_path, outputs, metadata, options.overwrite, options.fsync) as writer:
-            stream.run(graph, sources, plans, writer, options, report)
+            pipeline.run(graph, sources, plans, writer, options, report)
             writer.commit()
         report.keys = len(writer.entries)
         report.bytes_written = writer.position

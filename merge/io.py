@@ -106,7 +106,9 @@ class SafetensorsFile:
 
     def read_into(self, key: str, buffer: torch.Tensor) -> torch.Tensor:
         """Read ``key`` (native name) into the front of ``buffer`` (uint8); return the typed view."""
-        info = self.tensors[key]
+        return self._read(key, self.tensors[key], buffer)
+
+    def _read(self, key: str, info: TensorInfo, buffer: torch.Tensor) -> torch.Tensor:
         target = buffer[: info.nbytes]
         if info.nbytes:
             view = memoryview(target.numpy())
@@ -117,6 +119,13 @@ class SafetensorsFile:
                     raise ModelFileError(self.path, f"ends inside tensor {key!r}", "Fetch the file again.")
                 got += more
         return target.view(info.torch_dtype).view(info.shape)
+
+    def read_range(self, key: str, buffer: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """Elements ``first:last`` of the flattened ``key`` into the front of ``buffer``: a 1-D view."""
+        info = self.tensors[key]
+        size = info.torch_dtype.itemsize
+        part = TensorInfo(info.dtype, (last - first,), info.start + first * size, info.start + last * size)
+        return self._read(key, part, buffer)
 
     def read(self, key: str) -> torch.Tensor:
         """A freshly allocated copy of ``key`` (native name) in its stored dtype."""

@@ -102,6 +102,9 @@ class FileSource:
     def read_into(self, key: str, buffer):
         return self.file.read_into(self._keys[key], buffer)
 
+    def read_range(self, key: str, buffer, first: int, last: int):
+        return self.file.read_range(self._keys[key], buffer, first, last)
+
     def close(self) -> None:
         self.file.close()
 

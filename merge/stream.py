@@ -1,10 +1,4 @@
-"""Streaming a planned merge: read-ahead thread, per-key evaluation, writer thread.
-
-Three threads share the work and never hold more than a few keys: the reader fills one of a few
-reused byte arenas with the next key's raw input tensors (``os.preadv``, GIL released) and computes
-LoRA deltas; the calling thread evaluates the recipe for that key into one of two reused output
-buffers; the writer appends finished buffers to the temporary output file. Buffers go back to
-their pools as soon as they are consumed, so memory stays flat whatever the model size.
+"""Evaluating a compiled recipe for one key, and the spill file for intermediates over budget.
 
 ``Evaluator`` evaluates one key either on whole fp32 tensors or, for trees of elementwise methods,
 slice by slice through small reused fp32 buffers (cache-resident, no page faults, no full-size
@@ -16,23 +10,16 @@ from __future__ import annotations
 
 import math
 import os
-import queue
 import tempfile
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .context import KeyContext
 from .steps import Call, Graph, Leaf
 
-if TYPE_CHECKING:
-    from .execute import KeyPlan, MergeOptions, MergeReport
-    from .io import SafetensorsWriter
-
 ALIGN = 64
-_DONE = object()
 
 
 class NonFiniteError(ArithmeticError):
@@ -206,215 +193,3 @@ class Spill:
 
     def close(self) -> None:
         os.close(self.fd)
-
-
-# ---- the pipeline -------------------------------------------------------------------------------------
-
-
-def run(graph: Graph, sources: list, plans: list[KeyPlan], writer: SafetensorsWriter, options: MergeOptions,
-        report: MergeReport) -> None:
-    """Stream every planned key through read-ahead, evaluation and the writer (see module docstring)."""
-    budget = options.memory_budget_mb * 2**20
-    arena_bytes = max((_arena_size(sources, p) for p in plans), default=ALIGN)
-    arenas = max(1, min(options.prefetch + 1, (budget // 2) // max(arena_bytes, 1)))
-    out_bytes = max((math.prod(p.shape) * p.dtype.itemsize for p in plans), default=ALIGN)
-    spill = Spill(writer.path.parent)
-    evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources)
-    pipe = _Pipeline(sources, plans, writer, arenas, arena_bytes, out_bytes)
-    previous_threads = torch.get_num_threads()
-    if options.threads > 0:
-        torch.set_num_threads(options.threads)
-    try:
-        pipe.start()
-        progress = _progress(options, sum(math.prod(p.shape) * p.dtype.itemsize for p in plans), writer.path)
-        with progress:
-            for plan, arena, raw in pipe.inputs():
-                spill.rewind()
-                result = compute_key(evaluator, graph, plan, raw, pipe.take_out_buffer(), options, report)
-                pipe.release_arena(arena)
-                if result is not None:
-                    pipe.write(plan.key, result)
-                progress.update(math.prod(plan.shape) * plan.dtype.itemsize)
-        pipe.finish()
-    finally:
-        pipe.stop()
-        torch.set_num_threads(previous_threads)
-        report.spilled_bytes = spill.spilled_bytes
-        spill.close()
-
-
-def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
-                options: MergeOptions, report: MergeReport) -> torch.Tensor | None:
-    """Evaluate one key into ``out_buffer``; returns the typed output view (None: key dropped)."""
-    if plan.passthrough is not None:
-        source = raw[plan.passthrough]
-        out = out_buffer[: source.numel() * source.element_size()].view(source.dtype).view(source.shape)
-        return out.copy_(source)
-    ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
-    numel = math.prod(plan.shape)
-    shapes = {tuple(r.shape) for r in raw if r is not None}
-    complete = all(r is not None or s.space == "delta" for r, s in zip(raw, evaluator.sources, strict=True))
-    if (options.device == "cpu" and complete and len(shapes) == 1
-            and next(iter(shapes)) == plan.shape and chunkable(graph.root)):
-        out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
-        evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
-        out = out.view(plan.shape)
-    else:
-        leaves = [None if r is None else r.to(options.device).float() for r in raw]
-        result = evaluator.evaluate(graph.root, leaves, ctx)
-        if result is None:
-            report.skipped.append(plan.key)
-            return None
-        size = result.numel() * plan.dtype.itemsize
-        if size > out_buffer.numel():
-            out_buffer = torch.empty(size, dtype=torch.uint8)
-        out = out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
-    if not all_finite(out):
-        if options.nonfinite == "error":
-            raise NonFiniteError(f"{plan.key}: the merged tensor holds inf or NaN; check the recipe's "
-                                 "parameters (or merge with nonfinite='warn' to write it anyway)")
-        report.nonfinite.append(plan.key)
-    return out
-
-
-def _arena_size(sources: list, plan: KeyPlan) -> int:
-    total = 0
-    for source, present in zip(sources, plan.present, strict=True):
-        if present and hasattr(source, "read_into"):
-            size = source.info(plan.key).nbytes
-            total += size + (-size % ALIGN)
-    return max(total, ALIGN)
-
-
-class _NullProgress:
-    def __enter__(self) -> _NullProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, n: int) -> None:
-        return None
-
-
-def _progress(options: MergeOptions, total: int, path: Path) -> Any:
-    if not options.progress:
-        return _NullProgress()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=path.name, leave=False)
-
-
-class _Pipeline:
-    """The reader and writer threads with their buffer pools; errors surface in the calling thread."""
-
-    def __init__(self, sources: list, plans: list, writer: SafetensorsWriter, arenas: int, arena_bytes: int,
-                 out_bytes: int) -> None:
-        self.sources, self.plans, self.writer = sources, plans, writer
-        self.free_arenas: queue.Queue = queue.Queue()
-        for _ in range(arenas):
-            self.free_arenas.put(torch.empty(arena_bytes, dtype=torch.uint8))
-        self.free_out: queue.Queue = queue.Queue()
-        for _ in range(2):
-            self.free_out.put(torch.empty(out_bytes, dtype=torch.uint8))
-        self.ready: queue.Queue = queue.Queue()
-        self.to_write: queue.Queue = queue.Queue()
-        self.stopping = threading.Event()
-        self.error: BaseException | None = None
-        self.reader = threading.Thread(target=self._read_all, name="patchbay-merge-reader", daemon=True)
-        self.writer_thread = threading.Thread(target=self._write_all, name="patchbay-merge-writer",
-                                              daemon=True)
-        self._pending_out: torch.Tensor | None = None
-        self.main = threading.current_thread()
-
-    def start(self) -> None:
-        self.reader.start()
-        self.writer_thread.start()
-
-    def _get(self, q: queue.Queue) -> Any:
-        while True:
-            if self.stopping.is_set():
-                in_main = threading.current_thread() is self.main
-                raise self.error if self.error is not None and in_main else _Stopped
-            try:
-                return q.get(timeout=0.1)
-            except queue.Empty:
-                continue
-
-    def _read_all(self) -> None:
-        try:
-            for plan in self.plans:
-                arena = self._get(self.free_arenas)
-                raw, offset = [], 0
-                for source, present in zip(self.sources, plan.present, strict=True):
-                    if not present:
-                        raw.append(None)
-                    elif hasattr(source, "read_into"):
-                        tensor = source.read_into(plan.key, arena[offset:])
-                        offset += tensor.numel() * tensor.element_size()
-                        offset += -offset % ALIGN
-                        raw.append(tensor)
-                    else:
-                        raw.append(source.delta(plan.key))
-                self.ready.put((plan, arena, raw))
-            self.ready.put(_DONE)
-        except _Stopped:
-            return
-        except BaseException as error:  # noqa: BLE001 - handed to the calling thread
-            self.ready.put(error)
-
-    def inputs(self):
-        while True:
-            item = self._get(self.ready)
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            self._check_writer()
-            yield item
-
-    def release_arena(self, arena: torch.Tensor) -> None:
-        self.free_arenas.put(arena)
-
-    def take_out_buffer(self) -> torch.Tensor:
-        if self._pending_out is None:
-            self._pending_out = self._get(self.free_out)
-        return self._pending_out
-
-    def write(self, key: str, tensor: torch.Tensor) -> None:
-        buffer, self._pending_out = self._pending_out, None
-        self.to_write.put((key, tensor.contiguous(), buffer))
-
-    def _write_all(self) -> None:
-        try:
-            while True:
-                item = self._get(self.to_write)
-                if item is _DONE:
-                    return
-                key, tensor, buffer = item
-                self.writer.append(key, tensor)
-                self.free_out.put(buffer)
-        except _Stopped:
-            return
-        except BaseException as error:  # noqa: BLE001 - handed to the calling thread
-            self.error = error
-            self.stopping.set()
-
-    def _check_writer(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def finish(self) -> None:
-        self.to_write.put(_DONE)
-        self.writer_thread.join()
-        self._check_writer()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for thread in (self.reader, self.writer_thread):
-            if thread.is_alive():
-                thread.join()
-
-
-class _Stopped(Exception):
-    """Raised inside a pipeline thread when the merge is being torn down."""

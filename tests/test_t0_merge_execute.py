@@ -289,3 +289,23 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
         torch.testing.assert_close(merged.read(key), expected, rtol=0, atol=1e-6)
     untouched = "model.diffusion_model.out.2.weight"
     assert untouched not in touched and torch.equal(merged.read(untouched), original.read(untouched).float())
+
+
+@pytest.mark.parametrize("name", ["weighted_sum", "add_difference", "n_average"])
+def test_keys_larger_than_the_read_arena_are_streamed_in_slices(m, abc, tmp_path, name):
+    R = m.recipe
+    recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
+    from patchbay.merge import pipeline
+
+    graph = m.execute.compile_recipe(recipe)
+    sources = graph.open_sources()
+    plans = m.execute.plan_keys(graph, sources, opts(m), m.execute.MergeReport(path=tmp_path))
+    units = list(pipeline.split_units(graph, sources, plans, opts(m, chunk_elements=4096), capacity=64))
+    big = [u for u in units if u.plan.key == "model.diffusion_model.out.2.weight"]
+    assert [(u.start, u.end) for u in big] == [(s, min(s + 4096, 21000)) for s in range(0, 21000, 4096)]
+    assert all(u.sliced for u in units if not u.plan.key.endswith("position_ids"))
+    whole = m.execute.merge(recipe, tmp_path / "whole.safetensors", opts(m))
+    sliced = m.execute.merge(recipe, tmp_path / "sliced.safetensors", opts(m, memory_budget_mb=0,
+                                                                         chunk_elements=4096))
+    assert whole.keys == sliced.keys == len(SHAPES)
+    assert (tmp_path / "whole.safetensors").read_bytes() == (tmp_path / "sliced.safetensors").read_bytes()

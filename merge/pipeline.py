@@ -1,0 +1,300 @@
+"""Streaming a planned merge: read-ahead thread, per-key evaluation, writer thread.
+
+Three threads share the work and never hold more than a few keys: the reader fills one of two
+reused byte arenas with the next unit's raw input tensors (``os.preadv``, GIL released) and computes
+LoRA deltas; the calling thread evaluates the recipe into one of two reused output buffers; the
+writer appends finished tensors to the temporary output file. Buffers go back to their pools as
+soon as they are consumed, so memory stays flat whatever the model size.
+
+A unit is a whole key, or, for elementwise recipes whose inputs for one key would not fit an
+arena (eight inputs of SD1.5's largest conv are 472 MB), a slice of its elements: the reader then
+reads that byte range of every input and the slices are evaluated into the key's output buffer.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .context import KeyContext
+from .steps import Graph
+from .stream import ALIGN, Evaluator, NonFiniteError, Spill, all_finite, chunkable
+
+if TYPE_CHECKING:
+    from .execute import KeyPlan, MergeOptions, MergeReport
+    from .io import SafetensorsWriter
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What the reader reads at once: a whole key, or elements ``start:end`` of it (``sliced``)."""
+
+    plan: KeyPlan
+    start: int = 0
+    end: int = 0
+    sliced: bool = False
+
+
+def run(graph: Graph, sources: list, plans: list[KeyPlan], writer: SafetensorsWriter, options: MergeOptions,
+        report: MergeReport) -> None:
+    """Stream every planned key through read-ahead, evaluation and the writer (see module docstring)."""
+    budget = options.memory_budget_mb * 2**20
+    capacity = max(ALIGN, budget // 8)  # two arenas: a quarter of the budget
+    units = list(split_units(graph, sources, plans, options, capacity))
+    arena_bytes = max((_unit_bytes(sources, u) for u in units), default=ALIGN)
+    arenas = max(1, min(options.prefetch + 1, (budget // 4) // arena_bytes))
+    out_bytes = max((math.prod(p.shape) * p.dtype.itemsize for p in plans), default=ALIGN)
+    spill = Spill(writer.path.parent)
+    evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources)
+    pipe = _Pipeline(sources, units, writer, arenas, arena_bytes, out_bytes)
+    previous_threads = torch.get_num_threads()
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
+    try:
+        pipe.start()
+        total = sum(math.prod(p.shape) * p.dtype.itemsize for p in plans)
+        with _progress(options, total, writer.path) as bar:
+            for unit, arena, raw in pipe.inputs():
+                spill.rewind()
+                plan = unit.plan
+                out_buffer = pipe.take_out_buffer()
+                if unit.sliced:
+                    result = _compute_slice(evaluator, graph, unit, raw, out_buffer, options, report)
+                else:
+                    result = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
+                pipe.release_arena(arena)
+                if result is not None:
+                    pipe.write(plan.key, result)
+                done = (unit.end - unit.start) if unit.sliced else math.prod(plan.shape)
+                bar.update(done * plan.dtype.itemsize)
+        pipe.finish()
+    finally:
+        pipe.stop()
+        torch.set_num_threads(previous_threads)
+        report.spilled_bytes = spill.spilled_bytes
+        spill.close()
+
+
+def split_units(graph: Graph, sources: list, plans: list[KeyPlan], options: MergeOptions,
+                capacity: int) -> Iterator[Unit]:
+    """One unit per key, or element slices of at most ``capacity`` input bytes for sliceable keys."""
+    for plan in plans:
+        whole = Unit(plan)
+        if _unit_bytes(sources, whole) <= capacity or not _sliceable(graph, sources, plan, options):
+            yield whole
+            continue
+        numel = math.prod(plan.shape)
+        per_element = sum(s.info(plan.key).torch_dtype.itemsize for s in sources)
+        chunk = options.chunk_elements
+        step = max(chunk, capacity // per_element // chunk * chunk)
+        for start in range(0, numel, step):
+            yield Unit(plan, start, min(numel, start + step), sliced=True)
+
+
+def _sliceable(graph: Graph, sources: list, plan: KeyPlan, options: MergeOptions) -> bool:
+    return (plan.passthrough is None and options.device == "cpu" and chunkable(graph.root)
+            and all(present and hasattr(s, "read_range") and s.info(plan.key).shape == plan.shape
+                    for s, present in zip(sources, plan.present, strict=True)))
+
+
+def _unit_bytes(sources: list, unit: Unit) -> int:
+    total = 0
+    for source, present in zip(sources, unit.plan.present, strict=True):
+        if present and hasattr(source, "read_into"):
+            info = source.info(unit.plan.key)
+            size = (unit.end - unit.start) * info.torch_dtype.itemsize if unit.sliced else info.nbytes
+            total += size + (-size % ALIGN)
+    return max(total, ALIGN)
+
+
+def _compute_slice(evaluator: Evaluator, graph: Graph, unit: Unit, raw: list, out_buffer: torch.Tensor,
+                   options: MergeOptions, report: MergeReport) -> torch.Tensor | None:
+    """Evaluate one slice into the key's output buffer; the finished key once its last slice is in."""
+    plan = unit.plan
+    numel = math.prod(plan.shape)
+    out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
+    ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
+    evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
+    return _checked(out.view(plan.shape), plan, options, report) if unit.end == numel else None
+
+
+def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
+                options: MergeOptions, report: MergeReport) -> torch.Tensor | None:
+    """Evaluate one whole key into ``out_buffer``; returns the typed output view (None: key dropped)."""
+    if plan.passthrough is not None:
+        source = raw[plan.passthrough]
+        out = out_buffer[: source.numel() * source.element_size()].view(source.dtype).view(source.shape)
+        return out.copy_(source)
+    ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
+    numel = math.prod(plan.shape)
+    shapes = {tuple(r.shape) for r in raw if r is not None}
+    complete = all(r is not None or s.space == "delta" for r, s in zip(raw, evaluator.sources, strict=True))
+    if (options.device == "cpu" and complete and len(shapes) == 1
+            and next(iter(shapes)) == plan.shape and chunkable(graph.root)):
+        out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
+        evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
+        return _checked(out.view(plan.shape), plan, options, report)
+    leaves = [None if r is None else r.to(options.device).float() for r in raw]
+    result = evaluator.evaluate(graph.root, leaves, ctx)
+    if result is None:
+        report.skipped.append(plan.key)
+        return None
+    size = result.numel() * plan.dtype.itemsize
+    if size > out_buffer.numel():
+        out_buffer = torch.empty(size, dtype=torch.uint8)
+    out = out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
+    return _checked(out, plan, options, report)
+
+
+def _checked(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport) -> torch.Tensor:
+    if not all_finite(out):
+        if options.nonfinite == "error":
+            raise NonFiniteError(f"{plan.key}: the merged tensor holds inf or NaN; check the recipe's "
+                                 "parameters (or merge with nonfinite='warn' to write it anyway)")
+        report.nonfinite.append(plan.key)
+    return out
+
+
+class _NullProgress:
+    def __enter__(self) -> _NullProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        return None
+
+
+def _progress(options: MergeOptions, total: int, path: Path) -> Any:
+    if not options.progress:
+        return _NullProgress()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=path.name, leave=False)
+
+
+class _Pipeline:
+    """The reader and writer threads with their buffer pools; errors surface in the calling thread."""
+
+    def __init__(self, sources: list, units: list[Unit], writer: SafetensorsWriter, arenas: int,
+                 arena_bytes: int, out_bytes: int) -> None:
+        self.sources, self.units, self.writer = sources, units, writer
+        self.free_arenas: queue.Queue = queue.Queue()
+        for _ in range(arenas):
+            self.free_arenas.put(torch.empty(arena_bytes, dtype=torch.uint8))
+        self.free_out: queue.Queue = queue.Queue()
+        for _ in range(2):
+            self.free_out.put(torch.empty(out_bytes, dtype=torch.uint8))
+        self.ready: queue.Queue = queue.Queue()
+        self.to_write: queue.Queue = queue.Queue()
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.reader = threading.Thread(target=self._read_all, name="patchbay-merge-reader", daemon=True)
+        self.writer_thread = threading.Thread(target=self._write_all, name="patchbay-merge-writer",
+                                              daemon=True)
+        self._pending_out: torch.Tensor | None = None
+        self.main = threading.current_thread()
+
+    def start(self) -> None:
+        self.reader.start()
+        self.writer_thread.start()
+
+    def _get(self, q: queue.Queue) -> Any:
+        while True:
+            if self.stopping.is_set():
+                in_main = threading.current_thread() is self.main
+                raise self.error if self.error is not None and in_main else _Stopped
+            try:
+                return q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def _read_all(self) -> None:
+        try:
+            for unit in self.units:
+                arena = self._get(self.free_arenas)
+                raw, offset, key = [], 0, unit.plan.key
+                for source, present in zip(self.sources, unit.plan.present, strict=True):
+                    if not present:
+                        raw.append(None)
+                    elif unit.sliced:
+                        raw.append(source.read_range(key, arena[offset:], unit.start, unit.end))
+                    elif hasattr(source, "read_into"):
+                        raw.append(source.read_into(key, arena[offset:]))
+                    else:
+                        raw.append(source.delta(key))
+                    if raw[-1] is not None and hasattr(source, "read_into"):
+                        offset += raw[-1].numel() * raw[-1].element_size()
+                        offset += -offset % ALIGN
+                self.ready.put((unit, arena, raw))
+            self.ready.put(_DONE)
+        except _Stopped:
+            return
+        except BaseException as error:  # noqa: BLE001 - handed to the calling thread
+            self.ready.put(error)
+
+    def inputs(self):
+        while True:
+            item = self._get(self.ready)
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            self._check_writer()
+            yield item
+
+    def release_arena(self, arena: torch.Tensor) -> None:
+        self.free_arenas.put(arena)
+
+    def take_out_buffer(self) -> torch.Tensor:
+        if self._pending_out is None:
+            self._pending_out = self._get(self.free_out)
+        return self._pending_out
+
+    def write(self, key: str, tensor: torch.Tensor) -> None:
+        buffer, self._pending_out = self._pending_out, None
+        self.to_write.put((key, tensor.contiguous(), buffer))
+
+    def _write_all(self) -> None:
+        try:
+            while True:
+                item = self._get(self.to_write)
+                if item is _DONE:
+                    return
+                key, tensor, buffer = item
+                self.writer.append(key, tensor)
+                self.free_out.put(buffer)
+        except _Stopped:
+            return
+        except BaseException as error:  # noqa: BLE001 - handed to the calling thread
+            self.error = error
+            self.stopping.set()
+
+    def _check_writer(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        self.to_write.put(_DONE)
+        self.writer_thread.join()
+        self._check_writer()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for thread in (self.reader, self.writer_thread):
+            if thread.is_alive():
+                thread.join()
+
+
+class _Stopped(Exception):
+    """Raised inside a pipeline thread when the merge is being torn down."""
