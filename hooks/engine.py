@@ -145,6 +145,19 @@ class HookEngine:
             {ref: i for i, ref in enumerate(refs)}, modules)
         return claimed
 
+    def for_core(self, model: torch.nn.Module, hook: Any) -> Any:
+        """``hook`` as core should register it when the engine does not run it.
+
+        A LoRA hook gets its file parsed the way LoraLoader parses it (``convert_lora`` first): core's
+        own hook path skips that conversion, so BFL-layout Flux LoRAs would silently patch nothing.
+        The copy keeps the hook's ref, so the conds' hook groups still match it.
+        """
+        if hook.hook_type != comfy.hooks.EnumHookType.Weight or not hook.need_weight_init:
+            return hook
+        copy = hook.clone()
+        copy.weights, copy.need_weight_init = self.hook_patches(model, hook).patches, False
+        return copy
+
     def _modules(self, patcher: Any, refs: tuple, by_ref: dict) -> dict:
         """Per-module deltas for this ordered set of hooks, built once and kept for the next runs."""
         key = (id(patcher.model), *refs)

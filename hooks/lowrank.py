@@ -29,7 +29,7 @@ _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
 
 
 def module_kind(module: torch.nn.Module) -> str | None:
-    """"linear", "conv1d"/"conv2d"/"conv3d", "group_norm", "layer_norm", or None (not hookable).
+    """"linear", "conv1d"/"conv2d"/"conv3d", "group_norm", "layer_norm", "rms_norm" or None.
 
     Norms are affine in their weight and bias, so their deltas are forward deltas too:
     norm(x; w + dw, b + db) = norm(x; w, b) + norm(x; dw, 0) + db.
@@ -40,6 +40,9 @@ def module_kind(module: torch.nn.Module) -> str | None:
         return "group_norm"
     if isinstance(module, torch.nn.LayerNorm):
         return "layer_norm"
+    if isinstance(module, torch.nn.RMSNorm) or (type(module).__name__ == "RMSNorm"
+                                               and isinstance(getattr(module, "scale", None), torch.Tensor)):
+        return "rms_norm"  # torch's (weight) or ComfyUI's Flux/SD3 RMSNorm (scale, eps 1e-6)
     for cls, dims in _CONV.items():
         if isinstance(module, cls) and module.padding_mode == "zeros":
             return f"conv{dims}d"
@@ -133,7 +136,7 @@ class ModuleDeltas:
         s = row_scale.to(y.dtype).reshape(-1, *([1] * (y.ndim - 1)))
         delta = d.fetch(x.device, x.dtype, strength)
         if d.bias:
-            if self.kind == "layer_norm":
+            if self.kind in ("layer_norm", "rms_norm"):
                 return s * delta
             shape = [1] * y.ndim
             shape[-1 if self.kind == "linear" else 1] = -1
@@ -148,6 +151,8 @@ class ModuleDeltas:
             return F.group_norm(x, module.num_groups, weight, None, module.eps)
         if self.kind == "layer_norm":
             return F.layer_norm(x, module.normalized_shape, weight, None, module.eps)
+        if self.kind == "rms_norm":
+            return F.rms_norm(x, weight.shape, weight, getattr(module, "eps", None) or 1e-6)
         conv = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[self.kind]
         if spatial:
             return conv(x, weight, None, module.stride, module.padding, module.dilation, module.groups)

@@ -26,9 +26,14 @@ import torch
 
 from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
 
-__all__ = ["HookPatches", "PatchKey", "build_modules", "dense_delta", "load_hook_patches", "split_key"]
+__all__ = ["HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
+           "load_hook_patches", "split_key"]
 
 DenseFetch = Callable[[int, "PatchKey", Any, torch.device, torch.dtype, float], torch.Tensor]
+
+
+class WideningHookError(ValueError):
+    """A hook whose patches would change a weight's shape (control LoRAs); it cannot be a hook."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,10 @@ class PatchKey:
     @property
     def is_bias(self) -> bool:
         return self.key.endswith(".bias")
+
+    @property
+    def is_weight(self) -> bool:
+        return self.key.endswith((".weight", ".scale"))  # RMSNorm keeps its weight as "scale"
 
 
 def split_key(k: str | tuple) -> PatchKey:
@@ -70,6 +79,13 @@ def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
         patches = dict(hook.weights or {})
     # like core's add_hook_patches: keys the model does not have are ignored
     patches = {k: v for k, v in patches.items() if _has_tensor(model, split_key(k).key)}
+    for k, v in patches.items():
+        reshape = v.weights[5] if isinstance(v, comfy.weight_adapter.LoRAAdapter) else None
+        if reshape is not None:
+            raise WideningHookError(
+                f"this LoRA widens {split_key(k).key} to {list(reshape)}: it is a control LoRA (such as Flux "
+                "canny/depth) that changes the model's input, which a hook applied to some prompts cannot "
+                "do. Load it with LoraLoader (LoraLoaderModelOnly) instead of Create Hook LoRA.")
     return HookPatches(patches, _unsupported_reason(model, patches))
 
 
@@ -91,12 +107,11 @@ def _module(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
 def _unsupported_reason(model: torch.nn.Module, patches: dict) -> str | None:
     for k, v in patches.items():
         pk = split_key(k)
-        if not (pk.key.endswith(".weight") or pk.is_bias):
+        if not (pk.is_weight or pk.is_bias):
             return f"{pk.key} is not a module weight or bias"
         module = _module(model, pk.module_path)
         if module_kind(module) is None:
-            return (f"{pk.key} belongs to a {type(module).__name__} module, not a Linear, Conv, GroupNorm "
-                    "or LayerNorm")
+            return f"{pk.key} belongs to a {type(module).__name__} module, not a Linear, Conv or norm"
         if isinstance(v, list):
             return f"{pk.key} carries a nested patch list"
     return None
@@ -105,8 +120,8 @@ def _unsupported_reason(model: torch.nn.Module, patches: dict) -> str | None:
 def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
     if pk.offset is not None or pk.function is not None or pk.is_bias:
         return False
-    if not isinstance(v, comfy.weight_adapter.LoRAAdapter) or module_kind(module) in (None, "group_norm",
-                                                                                        "layer_norm"):
+    kind = module_kind(module)
+    if not isinstance(v, comfy.weight_adapter.LoRAAdapter) or not (kind or "").startswith(("linear", "conv")):
         return False
     up, down, _alpha, mid, dora, reshape = v.weights[:6]
     if mid is not None or dora is not None or reshape is not None or getattr(module, "groups", 1) != 1:
@@ -127,7 +142,7 @@ def _is_linear_in_strength(pk: PatchKey, v: Any) -> bool:
     if isinstance(v, comfy.weight_adapter.WeightAdapterBase):
         dora_index = _LINEAR_ADAPTERS.get(v.name)
         return dora_index is not None and v.weights[dora_index] is None
-    return True  # "diff" and "model_as_lora" tuples
+    return len(v) == 1 or v[0] in ("diff", "model_as_lora")  # "set" replaces whatever the strength
 
 
 def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches]],
@@ -138,7 +153,9 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
         for k, v in hp.patches.items():
             pk = split_key(k)
             module = _module(model, pk.module_path)
-            deltas = out.setdefault(module, ModuleDeltas(module_kind(module), tuple(module.weight.shape)))
+            weight = getattr(module, "weight", None)
+            shape = tuple((weight if isinstance(weight, torch.Tensor) else module.scale).shape)
+            deltas = out.setdefault(module, ModuleDeltas(module_kind(module), shape))
             if _is_low_rank(pk, v, module):
                 up, down, alpha = v.weights[0], v.weights[1], v.weights[2]
                 scale = float(alpha) / down.shape[0] if alpha is not None else 1.0

@@ -130,7 +130,7 @@ class PatchbayPatcherMixin:
         rest = HookGroup()
         for hook in hooks.hooks:
             if hook not in claimed:
-                rest.add(hook)
+                rest.add(engine.for_core(self.model, hook))
         registered = super().register_all_hook_patches(rest, target_dict, model_options, registered,
                                                        *args, **kwargs)
         for hook in claimed:
