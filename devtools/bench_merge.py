@@ -12,7 +12,7 @@ subtract(m1, m2), alpha=1) (sd-mecha's 3-argument add_difference); average_8 = n
 All merge in fp32 and write fp16.
 
 Contenders, interleaved per round, each in its own subprocess (``--probe``) so that its peak RSS
-(ru_maxrss) is its own; only the merge call is timed (imports excluded; sd-mecha's import takes
+(VmHWM) is its own; only the merge call is timed (imports excluded; sd-mecha's import takes
 6-8 s):
   floor     read every input byte (os.preadv into one reused buffer) and write one output's bytes,
             fsynced: the I/O a merge cannot avoid
@@ -111,7 +111,15 @@ def probe(contender: str, recipe: str, out: Path) -> dict:
     out.unlink(missing_ok=True)
     run = {"floor": _floor, "patchbay": _patchbay, "sdmecha": _sdmecha}[contender]
     seconds = run(recipe, inputs, out)
-    return {"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM). Not ru_maxrss: Linux carries the parent's peak over exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _floor(recipe: str, inputs: list[Path], out: Path) -> float:
