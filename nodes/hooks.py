@@ -8,6 +8,7 @@ from ..patcher import hook_engine
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
+    from comfy.sd import CLIP
 
 CATEGORY = "Patchbay/hooks"
 
@@ -20,9 +21,10 @@ class PatchbayHookEngine:
                    "all prompts sample in one batch and re-runs reuse everything. Same images as core.")
     CATEGORY = CATEGORY
     FUNCTION = "enable"
-    RETURN_TYPES = ("MODEL",)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("A clone of the model on which hooks run through Patchbay's engine.",)
+    RETURN_TYPES = ("MODEL", "CLIP")
+    RETURN_NAMES = ("model", "clip")
+    OUTPUT_TOOLTIPS = ("A clone of the model on which hooks run through Patchbay's engine.",
+                       "A clone of the CLIP that remembers its encodings (None when no CLIP is connected).")
 
     @classmethod
     def INPUT_TYPES(cls) -> dict:
@@ -34,11 +36,16 @@ class PatchbayHookEngine:
                     "tooltip": "Memory budget (MiB) for full deltas of LoHa, LoKr, DoRA and model-as-LoRA "
                                "hooks, kept between steps and runs. LoRA and LoCon hooks need none.",
                 }),
-            }
+            },
+            "optional": {
+                "clip": ("CLIP", {"tooltip": "Optional: put it before Set CLIP Hooks; prompts encoded "
+                                             "with the same CLIP hooks and strengths are encoded once."}),
+            },
         }
 
-    def enable(self, model: ModelPatcher, cache_mb: float) -> tuple[ModelPatcher]:
-        return (hook_engine.enable_hook_engine(model, cache_mb),)
+    def enable(self, model: ModelPatcher, cache_mb: float, clip: CLIP | None = None) -> tuple:
+        fast_clip = None if clip is None else hook_engine.enable_clip_cache(clip)
+        return hook_engine.enable_hook_engine(model, cache_mb), fast_clip
 
 
 NODES = [PatchbayHookEngine]

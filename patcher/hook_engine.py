@@ -9,6 +9,8 @@ Data flow::
                                 claimed hooks, advance keyframes), APPLY_MODEL (per-row strengths)
     sampling: PatchbayPatcherMixin.register_all_hook_patches hands WeightHooks to HookEngine.claim;
               hooks/engine.py does the rest.
+    enable_clip_cache(clip) -> CLIP clone with the object patch encode_token_weights -> CachedEncode
+                               (hooks/clip_cache.py)
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from typing import TYPE_CHECKING
 
 from comfy.patcher_extension import WrappersMP
 
+from ..hooks.clip_cache import CachedEncode
 from ..hooks.engine import HookEngine, apply_model_wrapper, calc_cond_batch_wrapper, outer_sample_wrapper
 from .model_patcher import HOOK_ENGINE_KEY, is_upgraded, upgrade
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
+    from comfy.sd import CLIP
 
-__all__ = ["WRAPPER_KEY", "enable_hook_engine", "hook_engine_of"]
+__all__ = ["WRAPPER_KEY", "clip_cache_of", "enable_clip_cache", "enable_hook_engine", "hook_engine_of"]
+
+_ENCODE = "encode_token_weights"
 
 WRAPPER_KEY = "patchbay.hooks"
 _WRAPPERS = ((WrappersMP.OUTER_SAMPLE, outer_sample_wrapper),
@@ -54,4 +60,24 @@ def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0) -> ModelPa
     for wrapper_type, fn in _WRAPPERS:
         clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
         clone.add_wrapper_with_key(wrapper_type, WRAPPER_KEY, fn)
+    return clone
+
+
+def clip_cache_of(clip: CLIP) -> CachedEncode | None:
+    """The encode cache enabled on ``clip`` (or an ancestor it was cloned from), or None."""
+    cached = clip.patcher.object_patches.get(_ENCODE)
+    return cached if isinstance(cached, CachedEncode) else None
+
+
+def enable_clip_cache(clip: CLIP) -> CLIP:
+    """A clone of ``clip`` that remembers its encodings per prompt, CLIP hooks and strengths.
+
+    Clones made from it later (SetClipHooks, CLIPSetLastLayer ...) share the cache. ``clip`` is not changed.
+    """
+    if not hasattr(clip, "patcher") or not hasattr(clip, "cond_stage_model"):
+        raise TypeError(f"expected a CLIP (comfy.sd.CLIP), got {type(clip).__name__}; "
+                        "connect the CLIP output of a checkpoint or CLIP loader.")
+    cached = clip_cache_of(clip) or CachedEncode(clip.cond_stage_model)
+    clone = clip.clone()
+    clone.patcher.add_object_patch(_ENCODE, cached)
     return clone

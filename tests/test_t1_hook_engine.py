@@ -16,6 +16,7 @@ pytestmark = pytest.mark.t1
 
 CKPT = "patchbay-sd15-tiny-a.safetensors"
 CKPT_B = "patchbay-sd15-tiny-b.safetensors"
+LORA_R4 = "patchbay-lora-r4.safetensors"
 FORMATS = ("lora-r4", "locon-r8", "loha-r4", "lokr-r4")
 STEPS = 4
 
@@ -198,3 +199,37 @@ def test_weights_byte_identical_after_failed_runs(rig, weights_digest, failure):
         assert not module._forward_hooks, f"a forward hook was left on {type(module).__name__}"
     rig.sample(fast, pos)  # the model still samples
     assert weights_digest(fast) == before
+
+
+def test_scheduled_clip_hooks_encode_once_per_range_and_are_cached(rig):
+    n = rig.n
+    clip_cache_of = rig.engine_module.clip_cache_of
+
+    create = n["CreateHookLora"]()  # one node, as in a server: it keeps the file it loaded
+
+    def clip_hooks(model_strength, clip_strength):
+        (hooks,) = create.create_hook(LORA_R4, model_strength, clip_strength)
+        # keyframes at 0, 0.5 and 1: two strength ranges, (0, 0.5) at 1 and (0.5, 1) at 0.25
+        (kf,) = n["CreateHookKeyframesFromFloats"]().create_hook_keyframes([1.0, 0.25, 0.25], 0.0, 1.0)
+        return n["SetHookKeyframes"]().set_hook_keyframes(hooks, kf)[0]
+
+    def encode(clip, hooks):
+        (hooked_clip,) = n["SetClipHooks"]().apply_hooks(clip, True, True, hooks)
+        return n["CLIPTextEncode"]().encode(hooked_clip, "a knight in armor")[0], hooked_clip
+
+    def same(a, b):
+        return len(a) == len(b) and all(
+            torch.equal(x[0], y[0]) and torch.equal(x[1]["pooled_output"], y[1]["pooled_output"])
+            and x[1]["clip_start_percent"] == y[1]["clip_start_percent"] for x, y in zip(a, b, strict=True))
+
+    expected, _ = encode(rig.clip, clip_hooks(1.0, 1.0))
+    assert len(expected) == 2 and not torch.equal(expected[0][0], expected[1][0]), "two encoded ranges"
+    _, fast_clip = n["PatchbayHookEngine"]().enable(rig.model, 2048.0, rig.clip)
+    first, hooked = encode(fast_clip, clip_hooks(1.0, 1.0))
+    cache = clip_cache_of(hooked)
+    assert same(first, expected) and (cache.misses, cache.hits) == (2, 0), "once per strength range"
+    again, _ = encode(fast_clip, clip_hooks(0.3, 1.0))  # only the model strength changed
+    assert same(again, expected) and (cache.misses, cache.hits) == (2, 2), "the same prompt and CLIP hooks"
+    other, _ = encode(fast_clip, clip_hooks(1.0, 0.5))
+    assert cache.misses == 4 and not torch.equal(other[0][0], expected[0][0]), "a new CLIP strength encodes"
+    assert fast_clip.patcher.patches_uuid == rig.clip.patcher.patches_uuid
