@@ -160,8 +160,9 @@ def acn_like(model, counts: Counter, seen: dict):
     return group
 
 
-@pytest.fixture(scope="module")
-def scenario(comfy, models, pb):
+@pytest.fixture(scope="module", params=["patcher", "fast_hooks"])
+def scenario(request, comfy, models, pb):
+    """``fast_hooks``: the same, with Patchbay's hook engine on and a LoRA hook in the cond's group."""
     from comfy import model_management
 
     n = comfy.nodes.NODE_CLASS_MAPPINGS
@@ -172,8 +173,13 @@ def scenario(comfy, models, pb):
     counts, seen = Counter(), {}
 
     m = pb.model_patcher.upgrade(base)
+    if request.param == "fast_hooks":
+        m = importlib.import_module(f"{comfy.pack.__name__}.patcher.hook_engine").enable_hook_engine(m)
     ade_like(m, counts, seen)
     group = acn_like(m, counts, seen)
+    if request.param == "fast_hooks":
+        (lora_hooks,) = n["CreateHookLora"]().create_hook("patchbay-lora-r4.safetensors", 1.0, 1.0)
+        group = group.clone_and_combine(lora_hooks)
     (hooked_positive,) = n["ConditioningSetProperties"]().set_properties(positive, 1.0, "default",
                                                                           hooks=group)
 
@@ -195,7 +201,7 @@ def scenario(comfy, models, pb):
     model_management.unload_all_models()
     return types.SimpleNamespace(m=m, sampled=sampled, counts=counts, seen=seen, steps_seen=steps_seen,
                                  outputs=outputs, registered_before=registered_before,
-                                 options_before=options_before)
+                                 options_before=options_before, kind=request.param)
 
 
 def test_every_registration_ran_the_expected_number_of_times(scenario):
@@ -246,7 +252,8 @@ def test_our_events_and_trace_ran_alongside(scenario, pb):
     trace = pb.trace.last_trace(scenario.sampled)
     assert trace is pb.trace.last_trace(scenario.m) and trace.total_steps == STEPS
     hooks = {e.name for e in trace.events if e.kind == "hook"}
-    assert hooks == {"ACN_outer_sample_wrapper", "TransformerOptionsHook 2"}
+    assert {"ACN_outer_sample_wrapper", "TransformerOptionsHook 2"} <= hooks
+    assert len(hooks) == (3 if scenario.kind == "fast_hooks" else 2)
     wrappers = {e.name for e in trace.events if e.kind == "wrapper"}
     assert {"outer_sample ADE", "outer_sample ACN_outer_sample_wrapper", "calc_cond_batch ADE",
             "predict_noise patchbay.contract", "diffusion_model ACN_refcn_diffusion_model"} <= wrappers
@@ -259,3 +266,4 @@ def test_nothing_is_left_behind(scenario, pb):
         == scenario.options_before
     assert sampled.hook_patches == {} and sampled.current_hooks is None
     assert "registered_hooks" not in sampled.model_options
+    assert not any(module._forward_hooks for module in sampled.model.modules())
