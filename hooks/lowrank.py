@@ -11,8 +11,9 @@ Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv module holds every hoo
 down projection takes the module's stride/padding/dilation, the up projection is 1x1), which is
 the same function LoraLoader bakes into the weight: W' = W + s * (B @ A) * alpha / r.
 Rows whose strength is zero contribute zero; hooks not active in a call are skipped. A and B are
-used as loaded (no concatenated or pre-scaled copies), so the engine holds about the LoRA file's
-bytes; a copy is kept only when the compute device or dtype differs from the file's.
+used as loaded (no concatenated or pre-scaled copies) and cast per call when only the dtype differs,
+so the engine holds nothing beyond the LoRA file's own tensors on the CPU; a copy is kept only on
+another compute device (a GPU), where it must live anyway.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ class ModuleDeltas:
         return {d.hook for d in self.low_rank} | {d.hook for d in self.dense}
 
     def _cast(self, t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``t`` on the compute device and dtype: the tensor itself when it already is, else a kept copy."""
-        if t.device == device and t.dtype == dtype:
-            return t
+        """``t`` on the compute device and dtype. On its own device a dtype change is cast per call
+        (low-rank factors are small; no second copy is kept); a copy on another device (a GPU) is kept."""
+        if t.device == device:
+            return t if t.dtype == dtype else t.to(dtype)
         key = (id(t), device, dtype)
         if key not in self._packed:
             self._packed[key] = t.to(device=device, dtype=dtype)
