@@ -18,13 +18,11 @@ __all__ = ["TensorCache"]
 
 class TensorCache:
     def __init__(self, budget_bytes: int) -> None:
-        if budget_bytes < 0:
-            raise ValueError(f"cache budget must be >= 0 bytes, got {budget_bytes}")
-        self.budget_bytes = budget_bytes
         self._entries: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        self.resize(budget_bytes)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -47,6 +45,15 @@ class TensorCache:
             self._entries[key] = value
             self.bytes += size
         return value
+
+    def resize(self, budget_bytes: int) -> None:
+        """A new budget; least recently used entries are dropped until the cache fits it."""
+        if budget_bytes < 0:
+            raise ValueError(f"cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        while self.bytes > budget_bytes:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= old.numel() * old.element_size()
 
     def clear(self) -> None:
         self._entries.clear()

@@ -55,7 +55,7 @@ def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0) -> ModelPa
     if engine is None:
         engine = HookEngine(int(cache_mb * 2**20))
     else:
-        engine.cache.budget_bytes = int(cache_mb * 2**20)
+        engine.cache.resize(int(cache_mb * 2**20))
     clone.patchbay.extras[HOOK_ENGINE_KEY] = engine
     for wrapper_type, fn in _WRAPPERS:
         clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)

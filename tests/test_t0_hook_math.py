@@ -119,5 +119,7 @@ def test_tensor_cache_evicts_least_recent_and_stays_in_budget(pack):
     assert made == [0, 1, 2, 3] and 1 not in cache and 0 in cache and cache.bytes == 1200
     cache.get_or_make("big", lambda: torch.zeros(1000))  # larger than the budget: returned, not kept
     assert "big" not in cache and cache.bytes <= cache.budget_bytes
+    cache.resize(400)  # keeps the most recent entry only
+    assert len(cache) == 1 and 3 in cache and cache.bytes == 400
     with pytest.raises(ValueError, match="budget"):
         TensorCache(-1)

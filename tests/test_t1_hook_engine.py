@@ -194,6 +194,8 @@ def test_weights_byte_identical_after_failed_runs(rig, weights_digest, failure):
     finally:
         comfy.model_management.interrupt_current_processing(False)
     assert weights_digest(fast) == before
+    cache = rig.engine(fast).cache
+    assert 0 < cache.bytes <= cache.budget_bytes, "LoHa deltas are cached, within the budget"
     assert not fast.hook_patches and not fast.hook_backup
     for module in fast.model.modules():
         assert not module._forward_hooks, f"a forward hook was left on {type(module).__name__}"
