@@ -2,14 +2,20 @@
 
 ``merge(recipe, out_path, MergeOptions(...))`` plans first (opens every input lazily, checks
 architectures, the output path, missing keys and shapes, works out every output tensor), then
-streams: a reader thread fills reused byte arenas with the next key's input tensors, the calling
-thread evaluates the recipe for that key, a writer thread appends the result to a temporary file,
-which is fsynced and renamed into place at the end. Nothing finished stays in memory.
+streams (merge/pipeline.py): a reader thread fills reused byte arenas with the next key's input
+tensors, the calling thread evaluates the recipe for that key (merge/stream.py), a writer thread
+appends the result to a temporary file, which is fsynced and renamed into place at the end.
+Nothing finished stays in memory; peak memory is torch itself plus about half the memory budget.
 
 Speed comes from not touching memory twice: methods flagged elementwise (weighted_sum,
-add_difference, n_average, ...) run on slices of ~1M elements that are cast to fp32 into reused
-buffers, so the working set stays in cache and the allocator never faults fresh pages. Every other
-method gets whole fp32 tensors. Results are cast once into a reused output buffer.
+add_difference, n_average, ...) run on slices of 64K elements cast to fp32 into reused buffers, so
+the working set stays in cache, the allocator never faults fresh pages and no full-size fp32 copy
+exists. Every other method gets whole fp32 tensors. Results are cast once into a reused output
+buffer. The math runs on one torch thread by default: on a small machine the reader and writer
+threads need the other cores, and an oversubscribed OpenMP pool is many times slower.
+
+Devices: ``device="cuda"`` moves each key's inputs to the GPU and runs whole-tensor evaluation
+there (untested here: the development machine has no GPU).
 
 Policies (``MergeOptions``):
 - ``shape_policy``: when a method's inputs disagree in shape, ``"overlap"`` (default) merges the
@@ -41,7 +47,7 @@ SHAPE_POLICIES = ("overlap", "first", "error")
 MISSING_POLICIES = ("first", "skip", "error")
 
 
-class MergeError(RuntimeError):
+class MergeError(ValueError):
     """A merge that cannot run as asked; the message names the key or input and the remedy."""
 
 

@@ -98,6 +98,16 @@ def test_user_errors_exit_2_with_one_line_and_no_output(cli, folder, capsys, lin
     assert not (folder / "out.safetensors").exists()
 
 
+def test_plan_errors_exit_2(cli, folder, capsys):
+    biases = {k: torch.zeros(s) for k, s in KEYS.items() if k.endswith("bias")}
+    save_file(biases, str(folder / "small.safetensors"))
+    recipe = write_recipe(folder, 'model "a.safetensors"', 'model "small.safetensors"',
+                          'merge "weighted_sum" &0 &1')
+    out = folder / "out.safetensors"
+    assert cli.main(["merge", str(recipe), str(out), "--missing-policy", "error"]) == cli.EXIT_USER_ERROR
+    assert "missing from some inputs" in capsys.readouterr().err and not out.exists()
+
+
 def test_extract_writes_a_lora(cli, folder, capsys):
     recipe = write_recipe(folder, 'model "b.safetensors"', 'model "a.safetensors"', 'merge "subtract" &0 &1')
     out = folder / "lora.safetensors"
