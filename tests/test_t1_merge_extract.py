@@ -1,6 +1,6 @@
 """T1: a LoRA extracted by merge/extract.py loads in ComfyUI's LoraLoader without a warning and adds
 the delta it was extracted from, exactly where the delta has low rank, up to the SVD truncation
-error elsewhere."""
+error elsewhere; and LoRA files used as merge inputs (merge/lora.py) add what LoraLoader adds."""
 
 from __future__ import annotations
 
@@ -79,11 +79,13 @@ def test_extracted_lora_loads_without_warnings_and_adds_the_truncated_delta(comf
             assert abs((added - delta).norm().item() / scale - expected) < 2e-3, key
 
 
-def _patched_weights(patcher, prefix: str, canonical: str) -> dict[str, torch.Tensor]:
-    """Weights under checkpoint key names, with the patcher's patches applied as ComfyUI applies them."""
+def _patched_weights(patcher, prefix: str, canonical: str,
+                     keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Weights of ``keys`` (checkpoint names) with the patcher's patches applied as ComfyUI applies them."""
     import comfy.lora
 
-    wanted = {prefix + k[len(canonical):] for k in (*LOW_RANK, *FULL_RANK) if k.startswith(canonical)}
+    keys = keys or {*LOW_RANK, *FULL_RANK}
+    wanted = {prefix + k[len(canonical):] for k in keys if k.startswith(canonical)}
     out = {}
     for key, weight in patcher.model.state_dict().items():
         if key in wanted:
@@ -92,3 +94,33 @@ def _patched_weights(patcher, prefix: str, canonical: str) -> dict[str, torch.Te
                 weight = comfy.lora.calculate_weight(patcher.patches[key], weight, key)
             out[canonical + key[len(prefix):]] = weight
     return out
+
+
+SD15_LORAS = ["patchbay-lora-r4", "patchbay-lora-r16", "patchbay-locon-r4", "patchbay-locon-r8",
+              "patchbay-loha-r4", "patchbay-loha-r8", "patchbay-lokr-r4", "patchbay-lokr-r8"]
+
+
+@pytest.fixture(scope="module")
+def tiny_a(comfy):
+    return comfy.nodes.CheckpointLoaderSimple().load_checkpoint("patchbay-sd15-tiny-a.safetensors")[:2]
+
+
+@pytest.mark.parametrize("stem", SD15_LORAS)
+def test_lora_inputs_add_what_loraloader_adds(pack, comfy, models, tiny_a, stem):
+    """merge/lora.py's delta equals ComfyUI's own patch at strength 1 (every 4th key it touches)."""
+    from patchbay.merge import io, lora
+
+    checkpoint = models.checkpoints["patchbay-sd15-tiny-a"]
+    source = lora.LoraSource(io.SafetensorsFile(models.loras[stem]), io.SafetensorsFile(checkpoint))
+    model, clip = tiny_a
+    loader = comfy.nodes.LoraLoader()
+    patched_model, patched_clip = loader.load_lora(model, clip, models.loras[stem].name, 1.0, 1.0)
+    keys = set(source.keys()[::4])
+    original = {**_patched_weights(model, "diffusion_model.", UNET, keys),
+                **_patched_weights(clip.patcher, "clip_l.transformer.", CLIP, keys)}
+    patched = {**_patched_weights(patched_model, "diffusion_model.", UNET, keys),
+               **_patched_weights(patched_clip.patcher, "clip_l.transformer.", CLIP, keys)}
+    assert set(patched) == keys and any(k.startswith(CLIP) for k in keys)
+    for key in keys:
+        torch.testing.assert_close(source.delta(key), patched[key] - original[key], rtol=1e-4, atol=1e-6,
+                                   msg=key)
