@@ -118,6 +118,20 @@ def test_extract_writes_a_lora(cli, folder, capsys):
     assert lora["lora_unet_input_blocks_1_1_proj_in.lora_up.weight"].shape == (6, 2)
 
 
+def test_extract_by_energy_keeps_the_smallest_rank_that_reaches_it(pack):
+    from patchbay.merge import extract
+
+    u, _ = torch.linalg.qr(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)))
+    delta = u[:, :3] @ torch.diag(torch.tensor([4.0, 3.0, 0.1])) @ u[:, 3:].T  # energies 16, 9, 0.01
+    for energy, rank in ((0.6, 1), (0.639, 1), (0.64, 2), (0.9, 2), (1.0, 3)):
+        up, down, got, error = extract.decompose(delta, None, energy)
+        assert got == rank and up.shape == (6, rank) and down.shape == (rank, 6), energy
+    up, down, _, error = extract.decompose(delta.reshape(6, 6, 1, 1), 2, None)
+    assert up.shape == (6, 2, 1, 1) and down.shape == (2, 6, 1, 1)
+    assert abs(error - (0.01 / 25.01) ** 0.5) < 1e-4
+    assert (up.flatten(1) @ down.flatten(1) - delta).norm() / delta.norm() == pytest.approx(error, abs=1e-4)
+
+
 def test_methods_lists_every_method_with_its_doc(cli, capsys):
     assert cli.main(["methods"]) == 0
     lines = capsys.readouterr().out.splitlines()
