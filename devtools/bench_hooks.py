@@ -123,7 +123,7 @@ class Bench:
         (self.negative,) = n["CLIPTextEncode"]().encode(self.clip, "blurry")
         (self.left,) = n["CLIPTextEncode"]().encode(self.clip, "a red castle")
         (self.right,) = n["CLIPTextEncode"]().encode(self.clip, "a green forest")
-        (self.fast_model,) = n["PatchbayHookEngine"]().enable(self.model, 2048.0)
+        self.fast_model, _clip = n["PatchbayHookEngine"]().enable(self.model, 2048.0)
 
     def latent(self, side: int):
         (latent,) = self.n["EmptyLatentImage"]().generate(side * 8, side * 8, 1)
