@@ -115,7 +115,7 @@ def test_output_dtype(m, abc, tmp_path, dtype, torch_dtype):
     R = m.recipe
     recipe = R.weighted_sum(R.model(str(abc[0])), R.model(str(abc[1])), alpha=0.5)
     out = tmp_path / "out.safetensors"
-    m.execute.merge(recipe, out, opts(m, dtype=dtype))
+    m.execute.merge(recipe, out, opts(m, dtype=dtype, threads=2))
     merged = load_file(str(out))
     key = "model.diffusion_model.out.2.weight"
     assert merged[key].dtype == torch_dtype
