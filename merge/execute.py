@@ -61,7 +61,8 @@ class MergeOptions:
     inputs are larger), the intermediates of one key half; above that they are spilled to a
     temporary file next to the output.
     ``nonfinite``: ``"error"`` or ``"warn"`` when an output tensor holds inf/NaN. ``search_dirs``:
-    folders where relative model paths are looked up after the current folder.
+    folders where relative model paths are looked up after the current folder. ``cache``: pass
+    the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``).
     """
 
     dtype: str = "fp16"
@@ -78,6 +79,7 @@ class MergeOptions:
     prefetch: int = 1
     chunk_elements: int = 1 << 16
     search_dirs: tuple[Path, ...] = ()
+    cache: dict | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("dtype", self.dtype, tuple(OUT_DTYPES)),
@@ -126,7 +128,7 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     start = time.perf_counter()
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
-    graph = compile_recipe(recipe, options.search_dirs)
+    graph = compile_recipe(recipe, options.search_dirs, options.cache)
     report = MergeReport(path=out_path)
     sources = graph.open_sources()
     try:

@@ -109,8 +109,13 @@ class FileSource:
         self.file.close()
 
 
-def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = ()) -> Graph:
-    """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``."""
+def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict | None = None) -> Graph:
+    """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``.
+
+    ``cache``: a dict the caller keeps between merges; each method call gets the per-key caches
+    stored under (method, its tensor inputs), so a call whose scalars changed (``rotate`` with a new
+    ``alpha``) finds the work of the previous merge. None: fresh caches for this merge.
+    """
     from . import registry
 
     sources: list[SourceSpec] = []
@@ -139,6 +144,8 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = ()) -> Graph:
                 except KeyError as error:
                     raise RecipeError((node.method,), str(error.args[0])) from None
             step = Call(method, tuple(visit(a) for a in node.args), {k: visit(v) for k, v in kwargs.items()})
+            if cache is not None:
+                step.cache = cache.setdefault((node.method, node.args), {})
         elif kind == "LiteralNode":
             step = node if node.is_map else node.value
         elif kind in ("FreeInput", "ParamNode"):

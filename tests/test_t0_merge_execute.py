@@ -309,3 +309,28 @@ def test_keys_larger_than_the_read_arena_are_streamed_in_slices(m, abc, tmp_path
                                                                          chunk_elements=4096))
     assert whole.keys == sliced.keys == len(SHAPES)
     assert (tmp_path / "whole.safetensors").read_bytes() == (tmp_path / "sliced.safetensors").read_bytes()
+
+
+def test_method_caches_survive_across_merges_when_the_caller_keeps_them(m, abc, tmp_path):
+    computed = []
+    with m.registry.scope():
+        def cached_scale(a, *, alpha: float = 1.0, ctx=None):
+            """Scales a by alpha times a per-key constant it computes once."""
+            if "norm" not in ctx.cache:
+                computed.append(ctx.key)
+                ctx.cache["norm"] = 2.0
+            return a * alpha * ctx.cache["norm"]
+
+        cached_scale.__annotations__ = {"a": m.registry.Weight, "alpha": float, "return": m.registry.Weight,
+                                        "ctx": m.registry.KeyContext}
+        m.registry.merge_method(cached_scale)
+        cache: dict = {}
+        for alpha in (0.5, 0.25):
+            recipe = m.recipe.call("cached_scale", m.recipe.model(str(abc[0])), alpha=alpha)
+            m.execute.merge(recipe, tmp_path / f"{alpha}.safetensors", opts(m, dtype="fp32", cache=cache))
+        m.execute.merge(recipe, tmp_path / "fresh.safetensors", opts(m, dtype="fp32"))
+    floats = len(SHAPES) - 1
+    assert len(computed) == 2 * floats  # once per key with the kept cache, once more without it
+    key = "model.diffusion_model.out.2.weight"
+    expected = load_file(str(abc[0]))[key].float() * 0.5
+    assert torch.equal(load_file(str(tmp_path / "0.25.safetensors"))[key], expected)
