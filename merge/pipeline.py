@@ -130,11 +130,14 @@ def _compute_slice(evaluator: Evaluator, graph: Graph, unit: Unit, raw: list, ou
 def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
                 options: MergeOptions, report: MergeReport) -> torch.Tensor | None:
     """Evaluate one whole key into ``out_buffer``; returns the typed output view (None: key dropped)."""
-    if plan.passthrough is not None:
+    ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
+    if plan.passthrough is not None:  # not float: copied, unless the recipe drops the key
+        if _dropped(evaluator, graph, raw, ctx):
+            report.skipped.append(plan.key)
+            return None
         source = raw[plan.passthrough]
         out = out_buffer[: source.numel() * source.element_size()].view(source.dtype).view(source.shape)
         return out.copy_(source)
-    ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
     numel = math.prod(plan.shape)
     shapes = {tuple(r.shape) for r in raw if r is not None}
     complete = all(r is not None or s.space == "delta" for r, s in zip(raw, evaluator.sources, strict=True))
@@ -153,6 +156,16 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
         out_buffer = torch.empty(size, dtype=torch.uint8)
     out = out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
     return _checked(out, plan, options, report)
+
+
+def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> bool:
+    """Whether the recipe drops this key (pick/omit_component), traced on float meta tensors."""
+    leaves = [None if r is None else torch.empty(r.shape, device="meta") for r in raw]
+    meta = KeyContext(key=ctx.key, seed=ctx.seed, device="meta", arch=ctx.arch)
+    try:
+        return evaluator.evaluate(graph.root, leaves, meta) is None
+    except Exception:  # noqa: BLE001 - a method that cannot trace keeps the key, as before
+        return False
 
 
 def _checked(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport) -> torch.Tensor:

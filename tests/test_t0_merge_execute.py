@@ -334,3 +334,23 @@ def test_method_caches_survive_across_merges_when_the_caller_keeps_them(m, abc, 
     key = "model.diffusion_model.out.2.weight"
     expected = load_file(str(abc[0]))[key].float() * 0.5
     assert torch.equal(load_file(str(tmp_path / "0.25.safetensors"))[key], expected)
+
+
+def test_component_picking_and_fallback_drop_and_fill_keys(m, tmp_path):
+    probe = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"
+    a = make_model(tmp_path / "a.safetensors", 1, {**SHAPES, probe: (8, 768)})
+    partial = {k: v for k, v in SHAPES.items() if not k.endswith("bias")}
+    b = make_model(tmp_path / "b.safetensors", 2, {**partial, probe: (8, 768)})
+    R = m.recipe
+    unet = m.execute.merge(R.pick_component(R.model(str(a)), component="diffuser"),
+                           tmp_path / "unet.safetensors", opts(m))
+    kept = load_file(str(tmp_path / "unet.safetensors"))
+    assert unet.arch == "sd15" and set(kept) == {k for k in (*SHAPES, probe) if k.startswith("model.")}
+    m.execute.merge(R.omit_component(R.model(str(a)), component="diffuser"), tmp_path / "rest.safetensors",
+                    opts(m))
+    rest = load_file(str(tmp_path / "rest.safetensors"))
+    assert set(rest) == {k for k in SHAPES if not k.startswith("model.")}  # int position_ids kept too
+    m.execute.merge(R.fallback(R.model(str(b)), R.model(str(a))), tmp_path / "filled.safetensors", opts(m))
+    filled, original = load_file(str(tmp_path / "filled.safetensors")), load_file(str(a))
+    bias = "model.diffusion_model.input_blocks.0.0.bias"
+    assert torch.equal(filled[bias], original[bias]) and len(filled) == len(SHAPES) + 1
