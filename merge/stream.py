@@ -109,9 +109,10 @@ class Evaluator:
 
 
 def context_for(ctx: KeyContext, step: Call) -> KeyContext:
-    """The KeyContext of one (method call, key): its cache persists across merges of this recipe."""
-    return KeyContext(key=ctx.key, cache=step.cache.setdefault(ctx.key, {}), seed=ctx.seed,
-                      device=ctx.device, arch=ctx.arch)
+    """The KeyContext of one (method call, key): its cache persists across merges of this recipe
+    (a trace on meta tensors gets a throwaway one)."""
+    cache = {} if str(ctx.device) == "meta" else step.cache.setdefault(ctx.key, {})
+    return KeyContext(key=ctx.key, cache=cache, seed=ctx.seed, device=ctx.device, arch=ctx.arch)
 
 
 def fill_missing(step: Call, index: int, value: Any, tensors: list) -> Any:

@@ -316,6 +316,8 @@ def test_method_caches_survive_across_merges_when_the_caller_keeps_them(m, abc, 
     with m.registry.scope():
         def cached_scale(a, *, alpha: float = 1.0, ctx=None):
             """Scales a by alpha times a per-key constant it computes once."""
+            if a.device.type == "meta":  # the executor traces non-float keys (position_ids) on meta
+                return a
             if "norm" not in ctx.cache:
                 computed.append(ctx.key)
                 ctx.cache["norm"] = 2.0
