@@ -96,8 +96,8 @@ def _patched_weights(patcher, prefix: str, canonical: str,
     return out
 
 
-SD15_LORAS = ["patchbay-lora-r4", "patchbay-lora-r16", "patchbay-locon-r4", "patchbay-locon-r8",
-              "patchbay-loha-r4", "patchbay-loha-r8", "patchbay-lokr-r4", "patchbay-lokr-r8"]
+# one file per algorithm (the LoKr one with decompose_both): the others differ only in rank
+SD15_LORAS = ["patchbay-lora-r16", "patchbay-locon-r4", "patchbay-loha-r8", "patchbay-lokr-r8"]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def tiny_a(comfy):
 
 @pytest.mark.parametrize("stem", SD15_LORAS)
 def test_lora_inputs_add_what_loraloader_adds(pack, comfy, models, tiny_a, stem):
-    """merge/lora.py's delta equals ComfyUI's own patch at strength 1 (every 4th key it touches)."""
+    """merge/lora.py's delta equals ComfyUI's own patch at strength 1 (every 6th key it touches)."""
     from patchbay.merge import io, lora
 
     checkpoint = models.checkpoints["patchbay-sd15-tiny-a"]
@@ -115,7 +115,7 @@ def test_lora_inputs_add_what_loraloader_adds(pack, comfy, models, tiny_a, stem)
     model, clip = tiny_a
     loader = comfy.nodes.LoraLoader()
     patched_model, patched_clip = loader.load_lora(model, clip, models.loras[stem].name, 1.0, 1.0)
-    keys = set(source.keys()[::4])
+    keys = set(source.keys()[::6])
     original = {**_patched_weights(model, "diffusion_model.", UNET, keys),
                 **_patched_weights(clip.patcher, "clip_l.transformer.", CLIP, keys)}
     patched = {**_patched_weights(patched_model, "diffusion_model.", UNET, keys),
