@@ -106,7 +106,7 @@ class HookEngine:
     def __init__(self, cache_bytes: int = 2 << 30) -> None:
         self.cache = TensorCache(cache_bytes)
         self._patches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._plans: OrderedDict[tuple, dict] = OrderedDict()
+        self._plans: OrderedDict[tuple, dict] = OrderedDict()  # (model id, hook ref ids) -> modules
         self.parses = 0
         self.plans_built = 0
 
@@ -159,15 +159,21 @@ class HookEngine:
         return copy
 
     def _modules(self, patcher: Any, refs: tuple, by_ref: dict) -> dict:
-        """Per-module deltas for this ordered set of hooks, built once and kept for the next runs."""
-        key = (id(patcher.model), *refs)
+        """Per-module deltas for this ordered set of hooks, built once and kept for the next runs.
+
+        A plan lives only as long as all its hooks do (a finalizer on each hook ref drops it), so
+        the LoRA tensors of hooks ComfyUI has discarded are never kept alive here.
+        """
+        key = (id(patcher.model), *map(id, refs))
         if key in self._plans:
             self._plans.move_to_end(key)
-            return self._plans[key][1]
+            return self._plans[key]
         self.plans_built += 1
         modules = build_modules(patcher.model, [(i, by_ref[ref]) for i, ref in enumerate(refs)],
                                 self._dense_fetcher(patcher))
-        self._plans[key] = (refs, modules)  # refs kept alive with the plan
+        self._plans[key] = modules
+        for ref in refs:
+            weakref.finalize(ref, self._plans.pop, key, None)
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
         return modules
