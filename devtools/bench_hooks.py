@@ -29,11 +29,12 @@ inputs: in the server only KSampler re-executes on a seed change (the hook/LoRA 
 which is what calling the same objects again models. In-process node calls skip the executor's
 caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole queue latency.
 
-Memory: around each timed run (inputs built + sampled, both inside the measurement; every model
-unloaded before, so no contender pays for undoing another's patches) the peak RSS is
-reset (``/proc/self/clear_refs`` = 5) and read back (VmHWM); the figure is that peak minus the RSS
-just before, median over rounds at 16x16. "Over plain" subtracts the same scenario's nohook median.
-It includes loading the LoRA file itself (CreateHookLora / LoraLoader read it inside the run).
+Memory: each (scenario, contender) runs in a fresh process (``--probe``): ComfyUI and the checkpoint
+are loaded, one warm-up run is made, every model is unloaded, then the peak RSS is reset
+(``/proc/self/clear_refs`` = 5) and the second run (inputs built, including reading the LoRA file,
+then sampled) is measured as VmHWM over the RSS before it. "Over plain" subtracts the scenario's
+nohook probe. In one process the contenders disturb each other's figures (the allocator keeps what
+one frees for the next), so they are kept apart. ``--memory all`` also probes LoraLoader and core.
 
 Timings on a shared 2-core machine are noisy; read the ratios, not the seconds.
 """
@@ -57,8 +58,9 @@ SCHEDULE = [1.0, 0.75, 0.5, 0.25]
 STEPS, CFG, SAMPLER, SCHEDULER = 10, 7.0, "euler", "normal"
 SIZES = (8, 16)  # latent side; pixels = 8x
 NOT_IMPLEMENTED = "not implemented yet (issue 4)"
-MEMORY_METHOD = ("in-process peak RSS over the RSS before each run (VmHWM after clear_refs), median, "
-                 "minus the same scenario's nohook median")
+MEMORY_METHOD = ("a fresh process per scenario and contender: after one warm-up run, the peak RSS of "
+                 "a second run (VmHWM after clear_refs) over the RSS before it, minus the scenario's "
+                 "nohook probe")
 
 
 class NotImplementedContender(Exception):
@@ -295,32 +297,67 @@ def print_targets(medians: dict, over: dict) -> None:
                   "(target <= 1.2)")
 
 
+def probe(scenario: str, contender: str, side: int) -> None:
+    """Subprocess body: one warm-up run, then the peak RSS of a second run over the RSS before it."""
+    bench = Bench(init_comfy())
+    bench.run_once(contender, scenario, side)  # first-use allocations (kernels, caches) happen here
+    _elapsed, peak_mb = bench.run_once(contender, scenario, side, seeds=(3, 4))
+    print(json.dumps({"probe": [scenario, contender], "peak_mb": peak_mb}))
+
+
+def probe_memory(side: int, contenders: tuple[str, ...]) -> dict:
+    """Peak MB over the scenario's nohook probe, each (scenario, contender) in a fresh process."""
+    import subprocess
+
+    peaks: dict = {}
+    for scenario in SCENARIOS:
+        for contender in ("nohook", *contenders):
+            cmd = [sys.executable, __file__, "--probe", scenario, contender, "--side", str(side)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"probe"')]
+            if not lines:
+                print(f"probe {scenario}/{contender} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            peaks[(scenario, contender)] = json.loads(lines[-1])["peak_mb"] if lines else None
+    return {s: {c: None if peaks.get((s, c)) is None or peaks[(s, "nohook")] is None
+                else peaks[(s, c)] - peaks[(s, "nohook")] for c in CONTENDERS} for s in SCENARIOS}
+
+
+def print_memory(over: dict, side: int) -> None:
+    print(f"\npeak memory over plain (MB) at {side}x{side}, method: {MEMORY_METHOD}")
+    print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
+    for scenario in SCENARIOS:
+        cells = " ".join(f"{'-' if v is None else format(v, '.2f'):>11}" for v in over[scenario].values())
+        print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default 5)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 8x8 only")
+    parser.add_argument("--memory", choices=("patchbay", "all", "none"), default="patchbay",
+                        help="contenders whose peak memory is probed in fresh processes (default patchbay)")
+    parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--side", type=int, default=16, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(1)
+    if opts.probe:
+        probe(opts.probe[0], opts.probe[1], opts.side)
+        return 0
     rounds = 1 if opts.quick else opts.rounds
     sizes = (8,) if opts.quick else SIZES
-    times, peaks = measure(Bench(init_comfy()), rounds, sizes)
+    times, _peaks = measure(Bench(init_comfy()), rounds, sizes)
     med = {k: _median(v) for k, v in times.items()}
     print_times(med, sizes, rounds)
 
     json_side = 16 if 16 in sizes else sizes[-1]
-    peak_med = {k: _median(v) for k, v in peaks.items()}
-    over: dict = {}
-    print(f"\npeak memory over plain (MB) at {json_side}x{json_side}, method: {MEMORY_METHOD}")
-    print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
-    for scenario in SCENARIOS:
-        base = peak_med[(scenario, json_side, "nohook")]
-        over[scenario] = {c: None if peak_med[(scenario, json_side, c)] is None or base is None
-                          else peak_med[(scenario, json_side, c)] - base for c in CONTENDERS}
-        cells = " ".join(f"{'-' if v is None else format(v, '.2f'):>11}" for v in over[scenario].values())
-        print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
+    over: dict = {s: {} for s in SCENARIOS}
+    if opts.memory != "none":
+        probed = ("patchbay",) if opts.memory == "patchbay" else tuple(c for c in CONTENDERS if c != "nohook")
+        over = probe_memory(json_side, probed)
+        print_memory(over, json_side)
     if json_side != 16:
         print(f"(--quick: the JSON line carries {json_side}x{json_side} figures, not 16x16)")
     medians = {s: {c: med[(s, json_side, c)] for c in CONTENDERS} for s in SCENARIOS}
