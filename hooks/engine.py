@@ -106,7 +106,7 @@ class HookEngine:
     def __init__(self, cache_bytes: int = 2 << 30) -> None:
         self.cache = TensorCache(cache_bytes)
         self._patches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._plans: OrderedDict[tuple, dict] = OrderedDict()  # (model id, hook ref ids) -> modules
+        self._plans: OrderedDict[tuple, dict] = OrderedDict()  # (model, hook ref ids) -> modules
         self.parses = 0
         self.plans_built = 0
 
@@ -164,7 +164,7 @@ class HookEngine:
         A plan lives only as long as all its hooks do (a finalizer on each hook ref drops it), so
         the LoRA tensors of hooks ComfyUI has discarded are never kept alive here.
         """
-        key = (id(patcher.model), *map(id, refs))
+        key = (patcher.model, *map(id, refs))  # the model itself: its id could be reused once freed
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
@@ -188,7 +188,8 @@ class HookEngine:
                 entry = backup.get(pk.key)
                 base = entry.weight if entry is not None else comfy.utils.get_attr(model, pk.key)
                 return dense_delta(patch, pk, base.to(device), strength).to(dtype)
-            return self.cache.get_or_make((id(patch), pk.key, pk.offset, device, dtype, strength), make)
+            # the patch object itself (not its id, which a later patch could reuse) keys its delta
+            return self.cache.get_or_make((patch, pk.key, pk.offset, device, dtype, strength), make)
         return fetch
 
 

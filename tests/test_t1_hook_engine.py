@@ -176,6 +176,7 @@ def test_weights_byte_identical_after_failed_runs(rig, weights_digest, failure):
 
     fast = rig.fast()
     pos = rig.with_hooks(rig.pos, rig.hook("patchbay-loha-r4.safetensors"))
+    comfy.model_management.unload_all_models()  # no other test's LoraLoader patches left on the weights
     before = weights_digest(fast)
     latent = rig.latent["samples"]
     noise = comfy.sample.prepare_noise(latent, 3)
