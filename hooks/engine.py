@@ -130,15 +130,16 @@ class HookEngine:
                       compiled)
             return []
         claimed: list[Any] = []
+        by_ref: dict = {}
         for hook in hooks.get_type(comfy.hooks.EnumHookType.Weight):
             hp = self.hook_patches(model, hook)
             if hp.reason is None:
                 claimed.append(hook)
+                by_ref[hook.hook_ref] = hp
             else:
                 log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), hp.reason)
         if not claimed:
             return []
-        by_ref = {h.hook_ref: self.hook_patches(model, h) for h in claimed}
         refs = tuple(by_ref)
         modules = self._modules(patcher, refs, by_ref)
         model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(

@@ -87,7 +87,7 @@ class ModuleDeltas:
     weight_shape: tuple[int, ...]
     low_rank: list[LowRankDelta] = field(default_factory=list)
     dense: list[DenseDelta] = field(default_factory=list)
-    _packed: dict = field(default_factory=dict, repr=False)
+    _device_copies: dict = field(default_factory=dict, repr=False)
 
     def hooks(self) -> set[int]:
         return {d.hook for d in self.low_rank} | {d.hook for d in self.dense}
@@ -98,12 +98,9 @@ class ModuleDeltas:
         if t.device == device:
             return t if t.dtype == dtype else t.to(dtype)
         key = (id(t), device, dtype)
-        if key not in self._packed:
-            self._packed[key] = t.to(device=device, dtype=dtype)
-        return self._packed[key]
-
-    def drop_packed(self) -> None:
-        self._packed.clear()
+        if key not in self._device_copies:
+            self._device_copies[key] = t.to(device=device, dtype=dtype)
+        return self._device_copies[key]
 
     def apply(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, strengths: torch.Tensor,
               host: Sequence[Sequence[float]], active: set[int]) -> torch.Tensor:
