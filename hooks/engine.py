@@ -15,7 +15,7 @@ Data flow (see docs/design-hook-engine.md)::
           (strength_model x keyframe strength), pass core a copy of the cond without those hooks,
           so every cond group runs in one batched forward pass
     APPLY_MODEL wrapper: transformer_options["uuids"] -> (chunks, hooks) strengths -> ContextVar
-    forward hook: ModuleDeltas.apply adds each active hook's delta on its rows
+    forward hook: ModuleDeltas.apply adds each active hook's delta on its rows, in place
 The model's weights are never written: an exception or an interrupt leaves nothing to undo.
 """
 
@@ -35,7 +35,7 @@ import torch
 from comfy.patcher_extension import WrappersMP
 
 from .cache import TensorCache
-from .lowrank import ModuleDeltas
+from .lowrank import ModuleDeltas, RowStrengths
 from .plan import HookPatches, PatchKey, build_modules, dense_delta, load_hook_patches
 
 __all__ = ["RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper", "calc_cond_batch_wrapper",
@@ -51,9 +51,7 @@ _PLANS_KEPT = 8
 @dataclass
 class _Call:
     run: RunPlan
-    strengths: torch.Tensor
-    host: list[list[float]]
-    active: set[int]
+    strengths: RowStrengths
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("patchbay_hook_call", default=None)
@@ -69,13 +67,10 @@ class RunPlan:
     groups: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     handles: list = field(default_factory=list)
 
-    def call_for(self, uuids: Sequence[Any], device: torch.device) -> _Call | None:
+    def call_for(self, uuids: Sequence[Any]) -> _Call | None:
         zeros = [0.0] * len(self.index)
-        host = [self.current.get(u, zeros) for u in uuids]
-        active = {h for row in host for h, value in enumerate(row) if value != 0.0}
-        if not active:
-            return None
-        return _Call(self, torch.tensor(host, dtype=torch.float32, device=device), host, active)
+        strengths = RowStrengths([self.current.get(u, zeros) for u in uuids])
+        return _Call(self, strengths) if strengths.runs else None
 
     def install(self) -> None:
         self.handles = [m.register_forward_hook(_forward_hook) for m in self.modules]
@@ -91,9 +86,7 @@ def _forward_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) ->
     if call is None:
         return None
     deltas = call.run.modules.get(module)
-    if deltas is None or not (deltas.hooks() & call.active):
-        return None
-    return deltas.apply(module, args[0], output, call.strengths, call.host, call.active)
+    return None if deltas is None else deltas.apply(module, args[0], output, call.strengths)
 
 
 class HookEngine:
@@ -277,7 +270,7 @@ def _active(cond: dict, timestep: torch.Tensor) -> bool:
 def apply_model_wrapper(executor, *args, **kwargs):
     transformer_options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
     run: RunPlan | None = transformer_options.get(RUN_KEY)
-    call = None if run is None else run.call_for(transformer_options.get("uuids", ()), args[0].device)
+    call = None if run is None else run.call_for(transformer_options.get("uuids", ()))
     if call is None:
         return executor(*args, **kwargs)
     token = _CALL.set(call)

@@ -1,19 +1,23 @@
 """Forward-pass deltas for one module: low-rank (LoRA/LoCon) and dense (everything else).
 
-Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv module holds every hook's contribution::
+Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv/Norm module holds every hook's contribution::
 
     low-rank hook h with down A_h (r_h, in[, kh, kw]) and up B_h (out, r_h), scale alpha_h / r_h
-    forward:  y += ((x (*) A_h) * S[:, h] * scale_h) (*) B_h     S: (batch, H) per-row hook strengths
+    forward:  y[rows] += s * scale_h * ((x[rows] (*) A_h) (*) B_h)   rows: a run where h has strength s
     dense hooks (LoHa, LoKr, DoRA, model-as-LoRA, LoCon with a mid weight, bias diffs):
-              y += S[:, h] * (x (*) D_h)                          D_h materialised by the caller
+              y[rows] += s * (x[rows] (*) D_h)                         D_h materialised by the caller
 
 ``(*)`` is ``F.linear`` for Linear modules and the module's own convolution for Conv modules (the
 down projection takes the module's stride/padding/dilation, the up projection is 1x1), which is
 the same function LoraLoader bakes into the weight: W' = W + s * (B @ A) * alpha / r.
-Rows whose strength is zero contribute zero; hooks not active in a call are skipped. A and B are
-used as loaded (no concatenated or pre-scaled copies) and cast per call when only the dtype differs,
-so the engine holds nothing beyond the LoRA file's own tensors on the CPU; a copy is kept only on
-another compute device (a GPU), where it must live anyway.
+
+Rows: a model call's batch is made of cond chunks (``RowStrengths``: one row of hook strengths per
+chunk). Each hook's strengths are turned once per call into runs of consecutive chunks with one
+nonzero strength, so a delta is computed only on the rows that carry its hook, with the strength
+as a scalar (no per-row multiply), and added in place (one fused ``addmm_`` for Linear modules).
+A and B are used as loaded (no concatenated or pre-scaled copies) and cast per call when only the
+dtype differs, so the engine holds nothing beyond the LoRA file's own tensors on the CPU; a copy is
+kept only on another compute device (a GPU), where it must live anyway.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "module_kind"]
+__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowStrengths", "module_kind"]
 
 _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
+_CONV_FN = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}
+
+Run = tuple[int, int, float]  # chunks [start, stop) sharing one nonzero strength
 
 
 def module_kind(module: torch.nn.Module) -> str | None:
@@ -50,6 +57,33 @@ def module_kind(module: torch.nn.Module) -> str | None:
     return None
 
 
+class RowStrengths:
+    """One model call's hook strengths: ``host[chunk][hook]``, as runs of chunks per active hook."""
+
+    __slots__ = ("chunks", "host", "runs")
+
+    def __init__(self, host: Sequence[Sequence[float]]) -> None:
+        self.host = host
+        self.chunks = len(host)
+        self.runs: dict[int, tuple[Run, ...]] = {}
+        for hook in range(len(host[0]) if host else 0):
+            runs: list[Run] = []
+            for chunk, row in enumerate(host):
+                value = float(row[hook])
+                if value == 0.0:
+                    continue
+                if runs and runs[-1][1] == chunk and runs[-1][2] == value:
+                    runs[-1] = (runs[-1][0], chunk + 1, value)
+                else:
+                    runs.append((chunk, chunk + 1, value))
+            if runs:
+                self.runs[hook] = tuple(runs)
+
+    @property
+    def active(self) -> frozenset[int]:
+        return frozenset(self.runs)
+
+
 @dataclass(frozen=True)
 class LowRankDelta:
     """``scale * up @ down`` for one hook on one weight: down (r, in[, k...]), up (out, r[, 1...])."""
@@ -69,8 +103,8 @@ class DenseDelta:
     """A materialised delta of one hook on a module's weight (``bias=False``) or bias (``bias=True``).
 
     ``fetch(device, dtype, strength)`` returns the delta (from the engine's byte-budgeted cache, so
-    it may be rebuilt after an eviction). A ``linear`` delta is fetched at strength 1 and scaled per
-    row; a non-linear one (DoRA, custom functions) is fetched once per distinct strength.
+    it may be rebuilt after an eviction). A ``linear`` delta is fetched at strength 1 and scaled by
+    the strength; a non-linear one (DoRA, custom functions) is fetched once per distinct strength.
     """
 
     hook: int
@@ -81,66 +115,88 @@ class DenseDelta:
 
 @dataclass
 class ModuleDeltas:
-    """Every hook's delta on one module, concatenated for one extra matmul pair per forward."""
+    """Every hook's delta on one module."""
 
     kind: str
     weight_shape: tuple[int, ...]
     low_rank: list[LowRankDelta] = field(default_factory=list)
     dense: list[DenseDelta] = field(default_factory=list)
-    _device_copies: dict = field(default_factory=dict, repr=False)
+    _views: dict = field(default_factory=dict, repr=False)
+    _hook_set: tuple = field(default=(None, frozenset()), repr=False)
 
-    def hooks(self) -> set[int]:
-        return {d.hook for d in self.low_rank} | {d.hook for d in self.dense}
+    def hooks(self) -> frozenset[int]:
+        """The engine indices of the hooks with a delta here (kept until a delta is added)."""
+        size = (len(self.low_rank), len(self.dense))
+        if self._hook_set[0] != size:
+            hooks = frozenset(d.hook for d in self.low_rank) | frozenset(d.hook for d in self.dense)
+            self._hook_set = (size, hooks)
+        return self._hook_set[1]
 
-    def _cast(self, t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``t`` on the compute device and dtype. On its own device a dtype change is cast per call
-        (low-rank factors are small; no second copy is kept); a copy on another device (a GPU) is kept."""
-        if t.device == device:
-            return t if t.dtype == dtype else t.to(dtype)
-        key = (id(t), device, dtype)
-        if key not in self._device_copies:
-            self._device_copies[key] = t.to(device=device, dtype=dtype)
-        return self._device_copies[key]
-
-    def apply(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, strengths: torch.Tensor,
-              host: Sequence[Sequence[float]], active: set[int]) -> torch.Tensor:
-        """``y`` plus every active hook's delta.
-
-        strengths: (chunks, hooks) on y's device; host: the same values as Python floats.
-        """
-        rows = _rows_view(strengths, x.shape[0])
+    def apply(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+              strengths: RowStrengths) -> torch.Tensor:
+        """``y`` plus every active hook's delta on the rows that carry it (in place where autograd allows)."""
+        runs = strengths.runs
+        if self.hooks().isdisjoint(runs):
+            return y
+        per_chunk = _rows_per_chunk(x.shape[0], strengths.chunks)
+        y = _writable(y)
         for d in self.low_rank:
-            if d.hook not in active:
-                continue
-            down = self._cast(d.down, x.device, x.dtype).reshape(d.rank, *self.weight_shape[1:])
-            up = self._cast(d.up, x.device, x.dtype).reshape(self.weight_shape[0], d.rank,
-                                                               *([1] * (len(self.weight_shape) - 2)))
-            h = self._op(module, x, down, spatial=True)
-            s = (rows[:, d.hook] * d.scale).to(h.dtype)
-            h = h * (s.reshape(-1, *([1] * (h.ndim - 1))))
-            y = y + self._op(module, h, up, spatial=False)
+            for start, stop, value in runs.get(d.hook, ()):
+                a, b = start * per_chunk, stop * per_chunk
+                self._add_low_rank(module, d, x[a:b], y[a:b], value * d.scale)
         for d in self.dense:
-            if d.hook not in active:
-                continue
-            if d.linear:
-                y = y + self._dense(module, x, y, d, 1.0, rows[:, d.hook])
-                continue
-            for value in sorted({chunk[d.hook] for chunk in host} - {0.0}):
-                mask = torch.tensor([float(chunk[d.hook] == value) for chunk in host], device=y.device)
-                y = y + self._dense(module, x, y, d, value, _rows_view(mask[:, None], x.shape[0])[:, 0])
+            fetched: dict[float, torch.Tensor] = {}
+            for start, stop, value in runs.get(d.hook, ()):
+                a, b = start * per_chunk, stop * per_chunk
+                strength, alpha = (1.0, value) if d.linear else (value, 1.0)
+                if strength not in fetched:
+                    fetched[strength] = d.fetch(x.device, x.dtype, strength)
+                self._add_dense(module, d, fetched[strength], x[a:b], y[a:b], alpha)
         return y
 
-    def _dense(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, d: DenseDelta,
-               strength: float, row_scale: torch.Tensor) -> torch.Tensor:
-        s = row_scale.to(y.dtype).reshape(-1, *([1] * (y.ndim - 1)))
-        delta = d.fetch(x.device, x.dtype, strength)
-        if d.bias:
-            if self.kind in ("layer_norm", "rms_norm"):
-                return s * delta
-            shape = [1] * y.ndim
-            shape[-1 if self.kind == "linear" else 1] = -1
-            return s * delta.reshape(shape)
-        return s * self._op(module, x, delta, spatial=True)
+    def _add_low_rank(self, module: torch.nn.Module, d: LowRankDelta, x: torch.Tensor, y: torch.Tensor,
+                      alpha: float) -> None:
+        down, up = self._factors(d, x.device, x.dtype)
+        h = self._op(module, x, down, spatial=True)
+        if self.kind == "linear" and y.dtype == h.dtype and y.is_contiguous():
+            flat = y.view(-1, y.shape[-1])
+            flat.addmm_(h.reshape(-1, h.shape[-1]), up, alpha=alpha)
+        elif self.kind == "linear":
+            y.add_(h @ up, alpha=alpha)
+        else:
+            y.add_(self._op(module, h, up, spatial=False), alpha=alpha)
+
+    def _factors(self, d: LowRankDelta, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """(down, up) shaped for ``_op``, Linear's up transposed for ``addmm_``; the views are made once.
+
+        On the factors' own device they are views of the loaded tensors, cast per call when only the
+        dtype differs (low-rank factors are small; no second copy is kept). On another device (a GPU)
+        a copy in the compute dtype is kept, where it must live anyway.
+        """
+        key = (id(d), device, dtype)
+        views = self._views.get(key)
+        if views is None:
+            stored = d.down.dtype if d.down.device == device else dtype
+            down = d.down.to(device, stored).reshape(d.rank, *self.weight_shape[1:])
+            up = d.up.to(device, stored)
+            if self.kind == "linear":
+                up = up.reshape(self.weight_shape[0], d.rank).t()
+            else:
+                up = up.reshape(self.weight_shape[0], d.rank, *([1] * (len(self.weight_shape) - 2)))
+            views = self._views[key] = (down, up)
+        down, up = views
+        if down.dtype != dtype:
+            return down.to(dtype), up.to(dtype)
+        return down, up
+
+    def _add_dense(self, module: torch.nn.Module, d: DenseDelta, delta: torch.Tensor, x: torch.Tensor,
+                   y: torch.Tensor, alpha: float) -> None:
+        if not d.bias:
+            y.add_(self._op(module, x, delta, spatial=True), alpha=alpha)
+        elif self.kind in ("layer_norm", "rms_norm", "linear"):
+            y.add_(delta, alpha=alpha)  # broadcast over the last dimension
+        else:
+            y.add_(delta.reshape(-1, *([1] * (y.ndim - 2))), alpha=alpha)  # channels first
 
     def _op(self, module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
             spatial: bool) -> torch.Tensor:
@@ -152,18 +208,24 @@ class ModuleDeltas:
             return F.layer_norm(x, module.normalized_shape, weight, None, module.eps)
         if self.kind == "rms_norm":
             return F.rms_norm(x, weight.shape, weight, getattr(module, "eps", None) or 1e-6)
-        conv = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[self.kind]
         if spatial:
-            return conv(x, weight, None, module.stride, module.padding, module.dilation, module.groups)
-        return conv(x, weight)
+            return _CONV_FN[self.kind](x, weight, None, module.stride, module.padding, module.dilation,
+                                       module.groups)
+        return _CONV_FN[self.kind](x, weight)
 
 
-def _rows_view(strengths: torch.Tensor, batch: int) -> torch.Tensor:
-    """Per-call strengths (chunks, hooks) spread over a module's batch dimension (rows per chunk)."""
-    chunks = strengths.shape[0]
-    if batch == chunks:
-        return strengths
-    if batch % chunks:
+def _rows_per_chunk(batch: int, chunks: int) -> int:
+    """How many of a module's batch rows each cond chunk has (the model may repeat rows per chunk)."""
+    if chunks == 0 or batch % chunks:
         raise ValueError(f"a hooked module saw a batch of {batch} rows for {chunks} cond chunks; "
                          "this model reshapes its batch in a way the hook engine cannot follow")
-    return strengths.repeat_interleave(batch // chunks, dim=0)
+    return batch // chunks
+
+
+def _writable(y: torch.Tensor) -> torch.Tensor:
+    """``y`` itself when adding to it in place is safe (no autograd history to keep, not an inference
+    tensor outside inference mode), else a copy. A hooked module's output is always a fresh tensor."""
+    if (torch.is_grad_enabled() and y.requires_grad) or (y.is_inference()
+                                                        and not torch.is_inference_mode_enabled()):
+        return y.clone()
+    return y

@@ -34,7 +34,7 @@ def test_linear_low_rank_equals_baked_weight_per_row(lr):
     deltas = lr.ModuleDeltas("linear", tuple(lin.weight.shape),
                              [lr.LowRankDelta(h, downs[h], ups[h], scales[h]) for h in (0, 1)])
     host = [[1.0, 0.0], [0.3, 0.7]]  # chunk 0: hook 0 only; chunk 1: both
-    out = deltas.apply(lin, x, lin(x), torch.tensor(host), host, {0, 1})
+    out = deltas.apply(lin, x, lin(x), lr.RowStrengths(host))
     for row in range(4):
         w = lin.weight.detach().clone()
         for h in (0, 1):
@@ -49,7 +49,7 @@ def test_conv_low_rank_uses_the_modules_stride_and_padding(lr):
     down, up = torch.randn(2, 4, 3, 3, generator=g), torch.randn(6, 2, 1, 1, generator=g)
     deltas = lr.ModuleDeltas("conv2d", tuple(conv.weight.shape), [lr.LowRankDelta(0, down, up, 0.25)])
     host = [[0.0], [1.5]]
-    out = deltas.apply(conv, x, conv(x), torch.tensor(host), host, {0})
+    out = deltas.apply(conv, x, conv(x), lr.RowStrengths(host))
     baked = conv.weight.detach() + 1.5 * 0.25 * (up.flatten(1) @ down.flatten(1)).reshape(conv.weight.shape)
     torch.testing.assert_close(out[0], conv(x)[0])
     torch.testing.assert_close(out[1], F.conv2d(x[1:], baked, conv.bias, 2, 1)[0], rtol=1e-5, atol=1e-5)
@@ -65,7 +65,7 @@ def test_norm_weight_and_bias_deltas_equal_patched_norms(lr, kind):
              lr.DenseDelta(0, lambda d, t, s: db.to(d, t), bias=True)]
     deltas = lr.ModuleDeltas(kind, (4,), dense=dense)
     host = [[0.5], [2.0]]
-    out = deltas.apply(module, x, module(x), torch.tensor(host), host, {0})
+    out = deltas.apply(module, x, module(x), lr.RowStrengths(host))
     for row, s in enumerate((0.5, 2.0)):
         w, b = module.weight.detach() + s * dw, module.bias.detach() + s * db
         ref = (F.group_norm(x[row:row + 1], 2, w, b, module.eps) if kind == "group_norm"
@@ -84,7 +84,7 @@ def test_nonlinear_dense_delta_is_fetched_once_per_distinct_strength(lr):
 
     deltas = lr.ModuleDeltas("linear", (3, 3), dense=[lr.DenseDelta(0, fetch, linear=False)])
     host = [[2.0], [0.0], [2.0]]
-    out = deltas.apply(lin, x, lin(x), torch.tensor(host), host, {0})
+    out = deltas.apply(lin, x, lin(x), lr.RowStrengths(host))
     assert asked == [2.0]
     torch.testing.assert_close(out, lin(x) + torch.tensor([[1.0], [0.0], [1.0]]) * 4.0 * x)
 
@@ -94,7 +94,7 @@ def test_rows_follow_chunks_and_refuse_a_batch_they_cannot_split(lr):
     deltas = lr.ModuleDeltas("linear", (2, 2), [lr.LowRankDelta(0, torch.ones(1, 2), torch.ones(2, 1), 1.0)])
     host = [[1.0], [0.0]]
     with pytest.raises(ValueError, match="batch of 3 rows for 2 cond chunks"):
-        deltas.apply(lin, torch.ones(3, 2), lin(torch.ones(3, 2)), torch.tensor(host), host, {0})
+        deltas.apply(lin, torch.ones(3, 2), lin(torch.ones(3, 2)), lr.RowStrengths(host))
 
 
 def test_module_kind(lr):
@@ -123,3 +123,49 @@ def test_tensor_cache_evicts_least_recent_and_stays_in_budget(pack):
     assert len(cache) == 1 and 3 in cache and cache.bytes == 400
     with pytest.raises(ValueError, match="budget"):
         TensorCache(-1)
+
+
+def test_row_strengths_group_consecutive_chunks_with_one_strength(lr):
+    rs = lr.RowStrengths([[1.0, 0.0], [1.0, 0.5], [0.0, 0.5], [1.0, 0.25]])
+    assert rs.runs == {0: ((0, 2, 1.0), (3, 4, 1.0)), 1: ((1, 3, 0.5), (3, 4, 0.25))}
+    assert rs.active == {0, 1}
+    assert lr.RowStrengths([[0.0], [0.0]]).runs == {}
+
+
+def test_deltas_add_in_place_only_where_it_is_safe(lr):
+    g = _gen(4)
+    lin = torch.nn.Linear(6, 5)
+    x = torch.randn(3, 4, 6, generator=g)
+    deltas = lr.ModuleDeltas("linear", (5, 6), [lr.LowRankDelta(0, torch.randn(2, 6, generator=g),
+                                                                torch.randn(5, 2, generator=g), 0.5)])
+    host = [[0.0], [2.0], [0.0]]
+    expected = lin(x).detach()
+    expected[1] += 2.0 * 0.5 * F.linear(F.linear(x[1], deltas.low_rank[0].down), deltas.low_rank[0].up)
+    with torch.no_grad():
+        y = lin(x)
+        out = deltas.apply(lin, x, y, lr.RowStrengths(host))
+    assert out is y  # sampling: no copy of the output
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        y = lin(x)
+    out = deltas.apply(lin, x, y, lr.RowStrengths(host))  # an inference tensor outside inference mode
+    assert out is not y
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    y = lin(x)  # autograd history: a copy, and gradients flow through the delta
+    out = deltas.apply(lin, x, y, lr.RowStrengths(host))
+    assert out is not y and out.requires_grad
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_delta_on_a_non_contiguous_output(lr):
+    g = _gen(5)
+    lin = torch.nn.Linear(6, 5)
+    x = torch.randn(2, 3, 6, generator=g)
+    d = lr.LowRankDelta(0, torch.randn(2, 6, generator=g), torch.randn(5, 2, generator=g), 0.5)
+    deltas = lr.ModuleDeltas("linear", (5, 6), [d])
+    with torch.no_grad():
+        y = lin(x.transpose(0, 1).contiguous()).transpose(0, 1)  # same values, strided
+        assert not y.is_contiguous()
+        expected = lin(x) + 0.5 * 3.0 * F.linear(F.linear(x, d.down), d.up)
+        out = deltas.apply(lin, x, y, lr.RowStrengths([[3.0], [3.0]]))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
