@@ -23,8 +23,10 @@ Contenders build the sampling inputs (model, positive, negative) from real Comfy
 
 Timing: only the KSampler call is timed (time.perf_counter), which includes ComfyUI's model load and
 patching and, for core, hook registration at sample time. Contenders are interleaved round-robin
-over ``--rounds`` rounds after one untimed warm-up round; medians are reported. For seed_rerun each
-round builds fresh inputs, samples once with seed 1 (untimed), then times seed 2 with the same
+over ``--rounds`` rounds after one untimed warm-up round (each round starts with the next contender, so
+none always runs first); medians are reported, and next to them the median of the per-round
+ratios (one scenario's contenders run back to back, so the machine's slow drift cancels). For
+seed_rerun each round builds fresh inputs, samples once with seed 1 (untimed), then times seed 2 with the same
 inputs: in the server only KSampler re-executes on a seed change (the hook/LoRA nodes are cached),
 which is what calling the same objects again models. In-process node calls skip the executor's
 caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole queue latency.
@@ -238,7 +240,8 @@ def measure(bench: Bench, rounds: int, sizes: tuple[int, ...]) -> tuple[dict, di
     peaks: dict = {k: [] for k in keys}
     missing: set = set()
     for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
-        for scenario, side, contender in keys:
+        order = CONTENDERS[rnd % len(CONTENDERS):] + CONTENDERS[:rnd % len(CONTENDERS)]  # no fixed position
+        for scenario, side, contender in [(s, side, c) for side in sizes for s in SCENARIOS for c in order]:
             if contender in missing:
                 continue
             try:
@@ -259,36 +262,52 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def print_times(med: dict, sizes: tuple[int, ...], rounds: int) -> None:
+def paired(times: dict, scenario: str, side: int, contender: str, base: str = "nohook") -> float | None:
+    """Median over rounds of contender / base timed in the same round, minutes apart at most: the
+    machine's speed drifts (identical runs here vary by 10% over minutes), and a per-round ratio
+    cancels what the two runs share."""
+    a, b = times[(scenario, side, contender)], times[(scenario, side, base)]
+    return _median([x / y for x, y in zip(a, b, strict=True)]) if a and len(a) == len(b) else None
+
+
+def print_times(times: dict, sizes: tuple[int, ...], rounds: int) -> None:
+    med = {k: _median(v) for k, v in times.items()}
     print(f"\nhooks benchmark: tiny SD1.5 checkpoint, {STEPS} {SAMPLER} steps, CFG {CFG}, torch threads 1, "
-          f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine)")
-    print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8} {'x core':>7}")
+          f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine); "
+          "'paired': median of the per-round ratios")
+    print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8} {'x core':>7} "
+          f"{'x plain paired':>15}")
     for scenario in SCENARIOS:
         for side in sizes:
             plain, core = med[(scenario, side, "nohook")], med[(scenario, side, "core")]
             for contender in CONTENDERS:
                 m = med[(scenario, side, contender)]
                 row = (f"{'-':>9} {'-':>8}  {NOT_IMPLEMENTED}" if m is None
-                       else f"{m:>9.4f} {m / plain:>8.2f} {m / core:>7.2f}")
+                       else f"{m:>9.4f} {m / plain:>8.2f} {m / core:>7.2f} "
+                            f"{paired(times, scenario, side, contender):>15.2f}")
                 print(f"{scenario:<20} {side}x{side:<5} {contender:<11} {row}")
 
 
-def print_targets(medians: dict, over: dict) -> None:
-    """Issue 4's targets, each with the measured figure (16x16)."""
-    print("\ntargets (16x16):")
+def print_targets(times: dict, side: int, over: dict) -> None:
+    """Issue 4's targets with the measured figures: ratio of medians (paired: median of per-round ratios)."""
+    def ratio(scenario: str, a: str, b: str) -> str:
+        ma, mb = _median(times[(scenario, side, a)]), _median(times[(scenario, side, b)])
+        return f"{ma / mb:.2f} (paired {paired(times, scenario, side, a, b):.2f})"
+
+    print(f"\ntargets ({side}x{side}):")
+    done = {s for s in SCENARIOS if times[(s, side, "patchbay")]}
     for scenario in SCENARIOS:
-        m = medians[scenario]
-        if m["patchbay"] is None:
-            continue
-        print(f"  {scenario:<20} patchbay / plain {m['patchbay'] / m['nohook']:.2f} (target <= 1.10)")
-    r = medians["regional_two_loras"]
-    if r["patchbay"]:
-        print(f"  regional speed-up over core {r['core'] / r['patchbay']:.2f}x (target >= 1.5; no engine can "
-              f"beat the same regions without hooks, so the ceiling here is core / nohook = "
-              f"{r['core'] / r['nohook']:.2f}x)")
-    s = medians["seed_rerun"]
-    if s["patchbay"]:
-        print(f"  seed_rerun patchbay / loraloader {s['patchbay'] / s['loraloader']:.2f} (target <= 1.10)")
+        if scenario in done:
+            print(f"  {scenario:<20} patchbay / plain {ratio(scenario, 'patchbay', 'nohook')} "
+                  "(target <= 1.10)")
+    if "regional_two_loras" in done:
+        print(f"  regional speed-up over core {ratio('regional_two_loras', 'core', 'patchbay')} "
+              "(target >= 1.5; no engine can beat the same regions without hooks, so the ceiling here is "
+              "core / nohook = "
+              f"{ratio('regional_two_loras', 'core', 'nohook')})")
+    if "seed_rerun" in done:
+        print(f"  seed_rerun patchbay / loraloader {ratio('seed_rerun', 'patchbay', 'loraloader')} "
+              "(target <= 1.10)")
     for scenario in SCENARIOS:
         mb = over.get(scenario, {}).get("patchbay")
         if mb is not None:
@@ -349,8 +368,7 @@ def main(argv=None) -> int:
     rounds = 1 if opts.quick else opts.rounds
     sizes = (8,) if opts.quick else SIZES
     times, _peaks = measure(Bench(init_comfy()), rounds, sizes)
-    med = {k: _median(v) for k, v in times.items()}
-    print_times(med, sizes, rounds)
+    print_times(times, sizes, rounds)
 
     json_side = 16 if 16 in sizes else sizes[-1]
     over: dict = {s: {} for s in SCENARIOS}
@@ -360,8 +378,8 @@ def main(argv=None) -> int:
         print_memory(over, json_side)
     if json_side != 16:
         print(f"(--quick: the JSON line carries {json_side}x{json_side} figures, not 16x16)")
-    medians = {s: {c: med[(s, json_side, c)] for c in CONTENDERS} for s in SCENARIOS}
-    print_targets(medians, over)
+    medians = {s: {c: _median(times[(s, json_side, c)]) for c in CONTENDERS} for s in SCENARIOS}
+    print_targets(times, json_side, over)
     print(json_line(medians, over, {s: lora_files_mb(s) for s in SCENARIOS}))
     return 0
 

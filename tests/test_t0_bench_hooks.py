@@ -29,3 +29,13 @@ def test_json_line_has_the_required_keys_and_nulls_for_a_missing_contender():
         assert figures["lora_files_mb"] == 2.0
     assert data["scenarios"]["seed_rerun"]["core_s"] is None
     assert data["scenarios"]["positive_lora"]["core_s"] == 1.5
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    import bench_hooks
+
+    # the machine slows down between rounds: the ratio of medians (2.5 / 2.0 = 1.25) mixes rounds,
+    # the per-round ratios (1.2, 1.25, 1.1) do not
+    times = {("s", 16, "patchbay"): [1.2, 2.5, 4.4], ("s", 16, "nohook"): [1.0, 2.0, 4.0]}
+    assert bench_hooks.paired(times, "s", 16, "patchbay") == pytest.approx(1.2)
+    assert bench_hooks.paired({("s", 16, "patchbay"): [], ("s", 16, "nohook"): []}, "s", 16, "patchbay") is None
