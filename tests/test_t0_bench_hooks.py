@@ -38,4 +38,5 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     # the per-round ratios (1.2, 1.25, 1.1) do not
     times = {("s", 16, "patchbay"): [1.2, 2.5, 4.4], ("s", 16, "nohook"): [1.0, 2.0, 4.0]}
     assert bench_hooks.paired(times, "s", 16, "patchbay") == pytest.approx(1.2)
-    assert bench_hooks.paired({("s", 16, "patchbay"): [], ("s", 16, "nohook"): []}, "s", 16, "patchbay") is None
+    empty = {("s", 16, "patchbay"): [], ("s", 16, "nohook"): []}
+    assert bench_hooks.paired(empty, "s", 16, "patchbay") is None
