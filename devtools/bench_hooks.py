@@ -23,13 +23,14 @@ Contenders build the sampling inputs (model, positive, negative) from real Comfy
 
 Timing: only the KSampler call is timed (time.perf_counter), which includes ComfyUI's model load and
 patching and, for core, hook registration at sample time. Contenders are interleaved round-robin
-over ``--rounds`` rounds after one untimed warm-up round (each round starts with the next contender, so
-none always runs first); medians are reported, and next to them the median of the per-round
-ratios (one scenario's contenders run back to back, so the machine's slow drift cancels). For
-seed_rerun each round builds fresh inputs, samples once with seed 1 (untimed), then times seed 2 with the same
-inputs: in the server only KSampler re-executes on a seed change (the hook/LoRA nodes are cached),
-which is what calling the same objects again models. In-process node calls skip the executor's
-caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole queue latency.
+over ``--rounds`` rounds after one untimed warm-up round (each round starts with the next
+contender, so none always runs first); medians are reported, and next to them the median of the
+per-round ratios (one scenario's contenders run back to back, so the machine's slow drift cancels).
+For seed_rerun each round builds fresh inputs, samples once with seed 1 (untimed), then times seed 2
+with the same inputs: in the server only KSampler re-executes on a seed change (the hook/LoRA
+nodes are cached), which is what calling the same objects again models. In-process node calls skip
+the executor's caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole
+queue latency.
 
 Memory: each (scenario, contender) runs in a fresh process (``--probe``): ComfyUI and the checkpoint
 are loaded, one warm-up run is made, every model is unloaded, then the peak RSS is reset
@@ -264,7 +265,7 @@ def _median(values: list) -> float | None:
 
 def paired(times: dict, scenario: str, side: int, contender: str, base: str = "nohook") -> float | None:
     """Median over rounds of contender / base timed in the same round, minutes apart at most: the
-    machine's speed drifts (identical runs here vary by 10% over minutes), and a per-round ratio
+    machine's speed drifts (identical runs here vary by up to 14% over minutes), and a per-round ratio
     cancels what the two runs share."""
     a, b = times[(scenario, side, contender)], times[(scenario, side, base)]
     return _median([x / y for x, y in zip(a, b, strict=True)]) if a and len(a) == len(b) else None

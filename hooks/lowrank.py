@@ -60,10 +60,9 @@ def module_kind(module: torch.nn.Module) -> str | None:
 class RowStrengths:
     """One model call's hook strengths: ``host[chunk][hook]``, as runs of chunks per active hook."""
 
-    __slots__ = ("chunks", "host", "runs")
+    __slots__ = ("chunks", "runs")
 
     def __init__(self, host: Sequence[Sequence[float]]) -> None:
-        self.host = host
         self.chunks = len(host)
         self.runs: dict[int, tuple[Run, ...]] = {}
         for hook in range(len(host[0]) if host else 0):
@@ -78,10 +77,6 @@ class RowStrengths:
                     runs.append((chunk, chunk + 1, value))
             if runs:
                 self.runs[hook] = tuple(runs)
-
-    @property
-    def active(self) -> frozenset[int]:
-        return frozenset(self.runs)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def test_tensor_cache_evicts_least_recent_and_stays_in_budget(pack):
 def test_row_strengths_group_consecutive_chunks_with_one_strength(lr):
     rs = lr.RowStrengths([[1.0, 0.0], [1.0, 0.5], [0.0, 0.5], [1.0, 0.25]])
     assert rs.runs == {0: ((0, 2, 1.0), (3, 4, 1.0)), 1: ((1, 3, 0.5), (3, 4, 0.25))}
-    assert rs.active == {0, 1}
+    assert rs.chunks == 4
     assert lr.RowStrengths([[0.0], [0.0]]).runs == {}
 
 
