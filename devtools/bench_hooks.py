@@ -3,7 +3,8 @@
 Run ``make bench-hooks`` (or ``python devtools/bench_hooks.py [--rounds N] [--quick]`` inside the
 environment that devtools/env.sh makes). ComfyUI is imported in-process on the CPU the way
 tests/conftest.py's ``comfy`` fixture does it; the tiny checkpoint samples 10 euler steps at CFG 7 on
-8x8 and 16x16 latents, with torch pinned to one thread.
+8x8 and 16x16 latents, with torch pinned to one thread. A focused re-check of one figure:
+``BENCH_ARGS="--scenarios regional_two_loras --sizes 16 --memory none"`` (about 5 minutes).
 
 Scenarios (each times the *same* workflow per contender; only how the LoRA is applied differs):
   positive_lora       one LoRA hook on the positive prompt
@@ -234,15 +235,16 @@ def lora_files_mb(scenario: str) -> float:
     return sum((folder / name).stat().st_size for name in scenario_loras(scenario)) / 2**20
 
 
-def measure(bench: Bench, rounds: int, sizes: tuple[int, ...]) -> tuple[dict, dict]:
+def measure(bench: Bench, rounds: int, sizes: tuple[int, ...],
+            scenarios: tuple[str, ...] = SCENARIOS) -> tuple[dict, dict]:
     """Round-robin over contenders; returns {(scenario, side, contender): [seconds]} and [peak MB]."""
-    keys = [(s, side, c) for side in sizes for s in SCENARIOS for c in CONTENDERS]
+    keys = [(s, side, c) for side in sizes for s in scenarios for c in CONTENDERS]
     times: dict = {k: [] for k in keys}
     peaks: dict = {k: [] for k in keys}
     missing: set = set()
     for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
         order = CONTENDERS[rnd % len(CONTENDERS):] + CONTENDERS[:rnd % len(CONTENDERS)]  # no fixed position
-        for scenario, side, contender in [(s, side, c) for side in sizes for s in SCENARIOS for c in order]:
+        for scenario, side, contender in [(s, side, c) for side in sizes for s in scenarios for c in order]:
             if contender in missing:
                 continue
             try:
@@ -271,14 +273,15 @@ def paired(times: dict, scenario: str, side: int, contender: str, base: str = "n
     return _median([x / y for x, y in zip(a, b, strict=True)]) if a and len(a) == len(b) else None
 
 
-def print_times(times: dict, sizes: tuple[int, ...], rounds: int) -> None:
+def print_times(times: dict, sizes: tuple[int, ...], rounds: int,
+                scenarios: tuple[str, ...] = SCENARIOS) -> None:
     med = {k: _median(v) for k, v in times.items()}
     print(f"\nhooks benchmark: tiny SD1.5 checkpoint, {STEPS} {SAMPLER} steps, CFG {CFG}, torch threads 1, "
           f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine); "
           "'paired': median of the per-round ratios")
     print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8} {'x core':>7} "
           f"{'x plain paired':>15}")
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         for side in sizes:
             plain, core = med[(scenario, side, "nohook")], med[(scenario, side, "core")]
             for contender in CONTENDERS:
@@ -296,7 +299,7 @@ def print_targets(times: dict, side: int, over: dict) -> None:
         return f"{ma / mb:.2f} (paired {paired(times, scenario, side, a, b):.2f})"
 
     print(f"\ntargets ({side}x{side}):")
-    done = {s for s in SCENARIOS if times[(s, side, "patchbay")]}
+    done = {s for s in SCENARIOS if times.get((s, side, "patchbay"))}
     for scenario in SCENARIOS:
         if scenario in done:
             print(f"  {scenario:<20} patchbay / plain {ratio(scenario, 'patchbay', 'nohook')} "
@@ -325,12 +328,12 @@ def probe(scenario: str, contender: str, side: int) -> None:
     print(json.dumps({"probe": [scenario, contender], "peak_mb": peak_mb}))
 
 
-def probe_memory(side: int, contenders: tuple[str, ...]) -> dict:
+def probe_memory(side: int, contenders: tuple[str, ...], scenarios: tuple[str, ...] = SCENARIOS) -> dict:
     """Peak MB over the scenario's nohook probe, each (scenario, contender) in a fresh process."""
     import subprocess
 
     peaks: dict = {}
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         for contender in ("nohook", *contenders):
             cmd = [sys.executable, __file__, "--probe", scenario, contender, "--side", str(side)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -339,21 +342,48 @@ def probe_memory(side: int, contenders: tuple[str, ...]) -> dict:
                 print(f"probe {scenario}/{contender} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
             peaks[(scenario, contender)] = json.loads(lines[-1])["peak_mb"] if lines else None
     return {s: {c: None if peaks.get((s, c)) is None or peaks[(s, "nohook")] is None
-                else peaks[(s, c)] - peaks[(s, "nohook")] for c in CONTENDERS} for s in SCENARIOS}
+                else peaks[(s, c)] - peaks[(s, "nohook")] for c in CONTENDERS} for s in scenarios}
 
 
 def print_memory(over: dict, side: int) -> None:
     print(f"\npeak memory over plain (MB) at {side}x{side}, method: {MEMORY_METHOD}")
     print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
-    for scenario in SCENARIOS:
+    for scenario in over:
         cells = " ".join(f"{'-' if v is None else format(v, '.2f'):>11}" for v in over[scenario].values())
         print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
+
+
+def _choices(allowed: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        picked = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+        unknown = [t for t in picked if t not in allowed]
+        if unknown or not picked:
+            raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown or [text]}; choose from "
+                                             + ", ".join(allowed))
+        return tuple(t for t in allowed if t in picked)  # the benchmark's own order
+    return parse
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sides = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        sides = ()
+    if not sides or min(sides) < 1:
+        raise argparse.ArgumentTypeError(f"--sizes {text!r}: give latent sides as positive integers, "
+                                         "e.g. 8,16")
+    return sides
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default 5)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 8x8 only")
+    parser.add_argument("--scenarios", type=_choices(SCENARIOS), default=SCENARIOS, metavar="A,B",
+                        help="comma-separated subset of " + ",".join(SCENARIOS) + " (default all; the "
+                        "JSON line then carries nulls for the others)")
+    parser.add_argument("--sizes", type=_sizes, default=None, metavar="8,16",
+                        help="comma-separated latent sides (default 8,16; --quick: 8)")
     parser.add_argument("--memory", choices=("patchbay", "all", "none"), default="patchbay",
                         help="contenders whose peak memory is probed in fresh processes (default patchbay)")
     parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
@@ -367,19 +397,20 @@ def main(argv=None) -> int:
         probe(opts.probe[0], opts.probe[1], opts.side)
         return 0
     rounds = 1 if opts.quick else opts.rounds
-    sizes = (8,) if opts.quick else SIZES
-    times, _peaks = measure(Bench(init_comfy()), rounds, sizes)
-    print_times(times, sizes, rounds)
+    sizes = opts.sizes or ((8,) if opts.quick else SIZES)
+    scenarios = opts.scenarios
+    times, _peaks = measure(Bench(init_comfy()), rounds, sizes, scenarios)
+    print_times(times, sizes, rounds, scenarios)
 
     json_side = 16 if 16 in sizes else sizes[-1]
-    over: dict = {s: {} for s in SCENARIOS}
+    over: dict = {}
     if opts.memory != "none":
         probed = ("patchbay",) if opts.memory == "patchbay" else tuple(c for c in CONTENDERS if c != "nohook")
-        over = probe_memory(json_side, probed)
+        over = probe_memory(json_side, probed, scenarios)
         print_memory(over, json_side)
     if json_side != 16:
-        print(f"(--quick: the JSON line carries {json_side}x{json_side} figures, not 16x16)")
-    medians = {s: {c: _median(times[(s, json_side, c)]) for c in CONTENDERS} for s in SCENARIOS}
+        print(f"(the JSON line carries {json_side}x{json_side} figures, not 16x16)")
+    medians = {s: {c: _median(times[(s, json_side, c)]) for c in CONTENDERS} for s in scenarios}
     print_targets(times, json_side, over)
     print(json_line(medians, over, {s: lora_files_mb(s) for s in SCENARIOS}))
     return 0

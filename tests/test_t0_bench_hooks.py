@@ -40,3 +40,30 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert bench_hooks.paired(times, "s", 16, "patchbay") == pytest.approx(1.2)
     empty = {("s", 16, "patchbay"): [], ("s", 16, "nohook"): []}
     assert bench_hooks.paired(empty, "s", 16, "patchbay") is None
+
+
+def test_scenario_and_size_options_parse_to_the_benchmark_order_and_name_bad_values():
+    import argparse
+
+    import bench_hooks
+
+    parse = bench_hooks._choices(bench_hooks.SCENARIOS)
+    assert parse("seed_rerun, regional_two_loras,seed_rerun") == ("regional_two_loras", "seed_rerun")
+    with pytest.raises(argparse.ArgumentTypeError, match="regional.*choose from positive_lora"):
+        parse("regional")
+    assert bench_hooks._sizes("16,8,16") == (8, 16)
+    for bad in ("", "sixteen", "0,8"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integers"):
+            bench_hooks._sizes(bad)
+
+
+def test_targets_print_only_the_scenarios_that_ran(capsys):
+    import bench_hooks
+
+    times = {("regional_two_loras", 16, c): [t] for c, t in
+             (("nohook", 1.0), ("loraloader", 1.0), ("core", 1.4), ("patchbay", 1.05))}
+    bench_hooks.print_targets(times, 16, {})
+    out = capsys.readouterr().out
+    assert "regional_two_loras   patchbay / plain 1.05 (paired 1.05)" in out
+    assert "regional speed-up over core 1.33 (paired 1.33)" in out and "core / nohook = 1.40" in out
+    assert "positive_lora" not in out and "seed_rerun" not in out
