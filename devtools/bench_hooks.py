@@ -353,15 +353,13 @@ def print_memory(over: dict, side: int) -> None:
         print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
 
 
-def _choices(allowed: tuple[str, ...]):
-    def parse(text: str) -> tuple[str, ...]:
-        picked = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-        unknown = [t for t in picked if t not in allowed]
-        if unknown or not picked:
-            raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown or [text]}; choose from "
-                                             + ", ".join(allowed))
-        return tuple(t for t in allowed if t in picked)  # the benchmark's own order
-    return parse
+def _scenarios(text: str) -> tuple[str, ...]:
+    picked = {t.strip() for t in text.split(",") if t.strip()}
+    unknown = sorted(picked - set(SCENARIOS))
+    if unknown or not picked:
+        raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown or [text]}; choose from "
+                                         + ", ".join(SCENARIOS))
+    return tuple(s for s in SCENARIOS if s in picked)  # the benchmark's own order
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -379,7 +377,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default 5)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 8x8 only")
-    parser.add_argument("--scenarios", type=_choices(SCENARIOS), default=SCENARIOS, metavar="A,B",
+    parser.add_argument("--scenarios", type=_scenarios, default=SCENARIOS, metavar="A,B",
                         help="comma-separated subset of " + ",".join(SCENARIOS) + " (default all; the "
                         "JSON line then carries nulls for the others)")
     parser.add_argument("--sizes", type=_sizes, default=None, metavar="8,16",

@@ -47,7 +47,7 @@ def test_scenario_and_size_options_parse_to_the_benchmark_order_and_name_bad_val
 
     import bench_hooks
 
-    parse = bench_hooks._choices(bench_hooks.SCENARIOS)
+    parse = bench_hooks._scenarios
     assert parse("seed_rerun, regional_two_loras,seed_rerun") == ("regional_two_loras", "seed_rerun")
     with pytest.raises(argparse.ArgumentTypeError, match="regional.*choose from positive_lora"):
         parse("regional")
