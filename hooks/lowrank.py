@@ -117,22 +117,13 @@ class ModuleDeltas:
     low_rank: list[LowRankDelta] = field(default_factory=list)
     dense: list[DenseDelta] = field(default_factory=list)
     _views: dict = field(default_factory=dict, repr=False)
-    _hook_set: tuple = field(default=(None, frozenset()), repr=False)
-
-    def hooks(self) -> frozenset[int]:
-        """The engine indices of the hooks with a delta here (kept until a delta is added)."""
-        size = (len(self.low_rank), len(self.dense))
-        if self._hook_set[0] != size:
-            hooks = frozenset(d.hook for d in self.low_rank) | frozenset(d.hook for d in self.dense)
-            self._hook_set = (size, hooks)
-        return self._hook_set[1]
 
     def apply(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
               strengths: RowStrengths) -> torch.Tensor:
         """``y`` plus every active hook's delta on the rows that carry it (in place where autograd allows)."""
         runs = strengths.runs
-        if self.hooks().isdisjoint(runs):
-            return y
+        if not any(d.hook in runs for d in (*self.low_rank, *self.dense)):
+            return y  # none of this module's hooks is active in this call
         per_chunk = _rows_per_chunk(x.shape[0], strengths.chunks)
         y = _writable(y)
         for d in self.low_rank:
