@@ -38,7 +38,8 @@ ARCHES = ("sdxl", "flux")
 UNET_FILES = {"sdxl": f"{tiny_arch.SDXL_STEM}.safetensors", "flux": f"{tiny_arch.FLUX_STEM}.safetensors"}
 SDXL_LORAS = (f"{tiny_arch.SDXL_LORA}.safetensors",)
 FLUX_LORAS = tuple(f"{stem}.safetensors" for stem in (tiny_arch.FLUX_KOHYA, tiny_arch.FLUX_DIFFUSERS))
-FLUX_BFL_LORA = f"{tiny_arch.FLUX_BFL}.safetensors"
+FLUX_BFL_LORA = f"{tiny_arch.FLUX_BFL}.safetensors"  # a control LoRA: widens img_in
+FLUX_BFL_KEEP_LORA = f"{tiny_arch.FLUX_BFL_KEEP}.safetensors"  # BFL layout, img_in keeps its shape
 # Text tokens, token width and pooled width per architecture.
 COND_SHAPES = {
     "sdxl": (77, 2048, 1280),

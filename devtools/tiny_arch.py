@@ -31,6 +31,9 @@ LoRAs (rank 8, fp16). The Flux ones patch the attention and the single blocks' f
 - ``patchbay-flux-bfl-r8``: BFL's own layout (the flux1 canny/depth LoRAs): ``<module>.lora_A/lora_B``
   with ``lora_B.bias``, a 128-channel ``img_in`` and every RMSNorm scale. Only
   ``comfy.lora_convert.convert_lora`` (which LoraLoader runs) maps it to the model.
+- ``patchbay-flux-bfl-keep-r8``: the same layout with an ``img_in`` LoRA that keeps the model's 64
+  input channels (a BFL-layout LoRA that is not a control LoRA); ComfyUI still adds a
+  ``reshape_weight`` to it, equal to the weight's own shape.
 """
 
 from __future__ import annotations
@@ -60,10 +63,11 @@ FLUX_DIT = {
 }
 RANK = 8
 GENERATOR = "devtools/tiny_arch.py"
-SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL = (
-    "patchbay-sdxl-locon-r8", "patchbay-flux-kohya-r8", "patchbay-flux-diffusers-r8", "patchbay-flux-bfl-r8"
+SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL, FLUX_BFL_KEEP = (
+    "patchbay-sdxl-locon-r8", "patchbay-flux-kohya-r8", "patchbay-flux-diffusers-r8", "patchbay-flux-bfl-r8",
+    "patchbay-flux-bfl-keep-r8",
 )
-LORA_STEMS = (SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL)
+LORA_STEMS = (SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL, FLUX_BFL_KEEP)
 # kohya SDXL targets: transformer linears (attention, feed-forward, linear proj_in/out); LoCon adds
 # the res blocks' convs and time-embedding linears, the skip 1x1 convs and the resampler convs.
 SDXL_SUFFIXES = (
@@ -156,12 +160,15 @@ class ArchModels:
             out.update({f"{module}.lora_A.weight": down, f"{module}.lora_B.weight": up})
         return out
 
-    def flux_bfl_lora(self) -> Tensors:
-        """BFL control-LoRA layout: lora_A/lora_B/lora_B.bias on every linear, norm scales, wider img_in."""
+    def flux_bfl_lora(self, stem: str = FLUX_BFL) -> Tensors:
+        """BFL layout: lora_A/lora_B/lora_B.bias on every linear and norm scales; FLUX_BFL (a control
+        LoRA) widens img_in to BFL_CONTROL_CHANNELS inputs, FLUX_BFL_KEEP keeps the model's own."""
         out = {}
-        linears = {**self._flux_linears(), "img_in": (FLUX_DIT["hidden_size"], BFL_CONTROL_CHANNELS)}
+        own = FLUX_DIT["in_channels"] * FLUX_DIT["patch_size"] ** 2  # 16 latent channels in 2x2 patches
+        inputs = BFL_CONTROL_CHANNELS if stem == FLUX_BFL else own
+        linears = {**self._flux_linears(), "img_in": (FLUX_DIT["hidden_size"], inputs)}
         for module, shape in linears.items():
-            seed = f"{FLUX_BFL}/{module}"
+            seed = f"{stem}/{module}"
             down, up = low_rank_pair(shape, RANK, 1.0, _delta_std(shape), seed)
             bias = uniform(f"{seed}/bias", shape[:1], _delta_std(shape))
             out.update({f"{module}.lora_A.weight": down, f"{module}.lora_B.weight": up,
@@ -169,7 +176,7 @@ class ArchModels:
         for key, param in self.flux.diffusion_model.state_dict().items():
             if key.endswith("_norm.scale"):
                 shape = tuple(param.shape)
-                out[key] = torch.ones(shape, dtype=torch.float16) + uniform(f"{FLUX_BFL}/{key}", shape, 0.1)
+                out[key] = torch.ones(shape, dtype=torch.float16) + uniform(f"{stem}/{key}", shape, 0.1)
         return out
 
     def build(self, rel: str) -> tuple[Tensors, dict[str, str]]:
@@ -179,7 +186,8 @@ class ArchModels:
             if rel == unet_rel(stem):
                 return self.unet(stem), tiny_models.model_metadata(stem, architecture[stem], GENERATOR)
         builders = {SDXL_LORA: self.sdxl_lora, FLUX_KOHYA: self.flux_kohya_lora,
-                    FLUX_DIFFUSERS: self.flux_diffusers_lora, FLUX_BFL: self.flux_bfl_lora}
+                    FLUX_DIFFUSERS: self.flux_diffusers_lora, FLUX_BFL: self.flux_bfl_lora,
+                    FLUX_BFL_KEEP: lambda: self.flux_bfl_lora(FLUX_BFL_KEEP)}
         stem = next(s for s in LORA_STEMS if rel == lora_rel(s))
         base = architecture[SDXL_STEM] if stem == SDXL_LORA else architecture[FLUX_STEM]
         return builders[stem](), tiny_models.model_metadata(stem, f"{base}/lora", GENERATOR)
