@@ -50,9 +50,12 @@ class Evaluator:
                 self._spill_if_over(args)
         if self.spill is not None:
             args = [self.spill.load(a) if isinstance(a, SpillRef) else a for a in args]
-        scalars = {name: self.graph.scalar(v, ctx.key, ctx.arch) for name, v in step.kwargs.items()}
+        scalars = {name: self.evaluate(v, leaves, ctx) if isinstance(v, Call) else self.graph.scalar(
+            v, ctx.key, ctx.arch) for name, v in step.kwargs.items()}
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         call_ctx = context_for(ctx, step)
+        if any(v is None for name, v in scalars.items() if isinstance(step.kwargs[name], Call)):
+            return tensors[0] if tensors else None  # a param-space input lacks the key: as a missing input
         if len(tensors) < len(args) and not step.method.accepts_missing:
             args = [fill_missing(step, i, a, tensors) for i, a in enumerate(args)]
             if any(a is None for a in args):  # a weight input lacks the key: pass the first one through
@@ -93,9 +96,11 @@ class Evaluator:
             return 1
         if not isinstance(step, Call):
             return 0
-        scalars = {name: self.graph.scalar(v, ctx.key, ctx.arch) for name, v in step.kwargs.items()}
+        scalars = {name: self.graph.scalar(v, ctx.key, ctx.arch) for name, v in step.kwargs.items()
+                   if not isinstance(v, Call)}
         prepared[id(step)] = (scalars, context_for(ctx, step))
-        return sum(self._prepare(a, ctx, prepared) for a in step.args)
+        tensor_kwargs = [v for v in step.kwargs.values() if isinstance(v, Call)]
+        return sum(self._prepare(a, ctx, prepared) for a in (*step.args, *tensor_kwargs))
 
     def _slice(self, step: Any, flat: list, start: int, end: int, prepared: dict, buffers) -> Any:
         if isinstance(step, Leaf):
@@ -105,7 +110,9 @@ class Evaluator:
             return step
         args = [self._slice(a, flat, start, end, prepared, buffers) for a in step.args]
         scalars, ctx = prepared[id(step)]
-        return step.method.fn(*args, **scalars, ctx=ctx)
+        tensor_kwargs = {name: self._slice(v, flat, start, end, prepared, buffers)
+                         for name, v in step.kwargs.items() if isinstance(v, Call)}
+        return step.method.fn(*args, **scalars, **tensor_kwargs, ctx=ctx)
 
 
 def context_for(ctx: KeyContext, step: Call) -> KeyContext:
@@ -128,6 +135,8 @@ def merge_overlap(step: Call, args: list, scalars: dict, ctx: KeyContext) -> tor
     region = tuple(slice(0, min(a.shape[d] for a in args if isinstance(a, torch.Tensor)))
                    for d in range(first.dim()))
     sliced = [a[region] if isinstance(a, torch.Tensor) else a for a in args]
+    scalars = {k: v[region] if isinstance(v, torch.Tensor) and v.dim() == first.dim() else v
+               for k, v in scalars.items()}  # a param-space tensor has the first input's shape
     merged = step.method.fn(*sliced, **scalars, ctx=ctx)
     if first.device.type == "meta":
         return torch.empty(first.shape, device="meta")
@@ -139,7 +148,7 @@ def merge_overlap(step: Call, args: list, scalars: dict, ctx: KeyContext) -> tor
 def chunkable(step: Any) -> bool:
     """Whether a step can be evaluated slice by slice (elementwise calls over leaves and scalars)."""
     if isinstance(step, Call):
-        return step.elementwise and all(chunkable(a) for a in step.args)
+        return step.elementwise and all(chunkable(a) for a in (*step.args, *step.kwargs.values()))
     return True
 
 

@@ -88,6 +88,11 @@ RECIPES = {
     "slerp": lambda R, a, b, c: R.slerp(a, b, alpha=0.25),  # not elementwise: whole tensors
     "nested": lambda R, a, b, c: R.weighted_sum(R.slerp(a, c, alpha=0.5),
                                                 R.add_difference(b, R.subtract(a, c)), alpha=0.4),
+    # param-space calls as parameters: elementwise (sliced) and whole-tensor evaluation
+    "mask_param": lambda R, a, b, c: R.add_difference(a, R.subtract(b, c),
+                                                      alpha=R.train_difference_mask(a, b, c, alpha=0.5)),
+    "mask_param_whole": lambda R, a, b, c: R.add_difference(a, R.subtract(b, c),
+                                                            alpha=R.add_opposite_mask(a, b, c)),
 }
 
 
