@@ -15,27 +15,65 @@ written in that case.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 EXIT_USER_ERROR = 2
+EXIT_BUG = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse ``argv`` and run one subcommand; returns the exit status."""
+    """Entry point: parse ``argv`` and run one subcommand; returns the exit status.
+
+    Every failure ends in one line on stderr, never a traceback: user errors (exit 2), an
+    interrupt by Ctrl-C or SIGTERM (130 / 143, the temporary output deleted) and, should one
+    remain, an engine bug (exit 1, named as such).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        with _terminate_as_interrupt():
+            return args.run(args)
     except (ValueError, KeyError, OSError, ArithmeticError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Terminated:
+        print("terminated: nothing was written", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted: nothing was written", file=sys.stderr)
         return 130
+    except Exception as error:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        text = str(error).replace("\n", " ")
+        print(f"error: unexpected {type(error).__name__} ({text}); nothing was written. This is a bug in "
+              f"Patchbay's merge engine: please report it with the recipe", file=sys.stderr)
+        return EXIT_BUG
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so the merge cleans up exactly as after Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,7 +141,13 @@ def load_recipe(args: argparse.Namespace) -> Any:
     if not args.recipe.is_file():
         raise FileNotFoundError(f"{args.recipe}: no such recipe file")
     try:
-        root = mecha_text.parse(args.recipe.read_text().rstrip("\n"))
+        text = args.recipe.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{args.recipe}: not a text file (byte {error.start} is not UTF-8); a recipe is "
+                         f".mecha text starting with 'version 0.1.0' (a model file goes on a model line)"
+                         ) from None
+    try:
+        root = mecha_text.parse(text.rstrip("\n"))
     except mecha_text.MechaSyntaxError as error:
         raise ValueError(f"{args.recipe}: {error}") from None
     params = dict(_param(text) for text in args.param)

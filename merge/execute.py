@@ -103,6 +103,7 @@ class MergeReport:
     missing: dict[str, list[str]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     nonfinite: list[str] = field(default_factory=list)
+    nonfinite_origin: str = ""
     spilled_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
 
@@ -138,6 +139,10 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
         with mio.SafetensorsWriter(out_path, outputs, metadata, options.overwrite, options.fsync) as writer:
             pipeline.run(graph, sources, plans, writer, options, report)
             writer.commit()
+        if report.nonfinite:
+            shown = ", ".join(report.nonfinite[:3]) + (", ..." if len(report.nonfinite) > 3 else "")
+            report.warnings.append(f"{len(report.nonfinite)} tensors hold inf or NaN and were written anyway "
+                                   f"(--nonfinite warn): {shown}; at the first, {report.nonfinite_origin}")
         report.keys = len(writer.entries)
         report.bytes_written = writer.position
     finally:

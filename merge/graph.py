@@ -116,8 +116,9 @@ class FreeInput:
     space: str = ANY
 
     def __post_init__(self) -> None:
-        if not self.name.isidentifier():
-            raise RecipeError((), f"input name {self.name!r} must be an identifier")
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise RecipeError((), f"input name {self.name!r} must be an identifier (a quoted name "
+                                  f"such as \"alpha\", not a number)")
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,9 @@ class ParamNode:
     name: str
 
     def __post_init__(self) -> None:
-        if not self.name.isidentifier():
-            raise RecipeError((), f"parameter name {self.name!r} must be an identifier")
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise RecipeError((), f"parameter name {self.name!r} must be an identifier (a quoted name "
+                                  f"such as \"alpha\", not a number)")
 
 
 Node = Union[ModelNode, LiteralNode, CallNode, FreeInput, ParamNode]  # noqa: UP007

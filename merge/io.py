@@ -36,6 +36,8 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 MAX_HEADER_BYTES = 100 * 2**20
 UNET_PREFIX = "model.diffusion_model."
 ALIGN = 64  # byte alignment of tensors inside a read arena
+_PARTIAL = re.compile(r"(?:(\d+)-)?[a-z0-9_]{8}")  # <pid>-<mkstemp's 8 characters>
+PICKLE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # torch zip, pickle
 
 
 class ModelFileError(ValueError):
@@ -145,6 +147,13 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         prefix = handle.read(8)
         if len(prefix) < 8:
             raise ModelFileError(path, f"only {size} bytes, too short for a safetensors header", redo)
+        if prefix.startswith(PICKLE_MAGICS):
+            raise ModelFileError(path, "is a pickle checkpoint (.ckpt/.pt), not safetensors; only "
+                                       "safetensors files are read, since loading a pickle can run code",
+                                 "Convert it once where you trust the file, e.g. python -c \"import torch, "
+                                 "safetensors.torch as st; sd = torch.load('model.ckpt', weights_only=True); "
+                                 "st.save_file(sd.get('state_dict', sd), 'model.safetensors')\", or use the "
+                                 "model's .safetensors release.")
         length = int.from_bytes(prefix, "little")
         if length > min(MAX_HEADER_BYTES, size - 8):
             problem = "truncated header" if length <= MAX_HEADER_BYTES else "corrupt header length"
@@ -164,7 +173,10 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
             expected = DTYPES[dtype].itemsize * _prod(shape)
         except (KeyError, TypeError, ValueError):
             raise ModelFileError(path, f"corrupt header entry for {key!r}: {entry!r}", redo) from None
-        if end - start != expected or start < 0:
+        if not all(_natural(n) for n in (*shape, start, end)):
+            raise ModelFileError(path, f"corrupt header entry for {key!r}: shape and offsets must be "
+                                       f"non-negative integers, got {entry!r}", redo)
+        if end - start != expected:
             problem = f"corrupt header: {key!r} spans {end - start} bytes, needs {expected}"
             raise ModelFileError(path, problem, redo)
         tensors[key] = TensorInfo(dtype, shape, base + start, base + end)
@@ -173,6 +185,10 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         raise ModelFileError(path, f"truncated: {size} bytes, the header needs {base + data_end}",
                              "The download or copy was cut short; fetch the file again.")
     return tensors, dict(metadata)
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _prod(shape: Iterable[int]) -> int:
@@ -225,10 +241,17 @@ def open_models(paths: Iterable[str | os.PathLike]) -> list[SafetensorsFile]:
         for other in weights[1:]:
             if other.arch != first.arch:
                 raise ModelFileError(
-                    other.path, f"is a {other.arch} model but {first.path.name} is {first.arch}",
+                    other.path, f"is {_arch_phrase(other.arch)} but {first.path.name} is "
+                                f"{first.arch if first.arch != 'unknown' else _arch_phrase(first.arch)}",
                     "Models of different architectures cannot be merged: use models of one base "
                     "(all SD1.5, all SDXL or all Flux).")
     return files
+
+
+def _arch_phrase(arch: str) -> str:
+    if arch == "unknown":
+        return "a model of unknown architecture (no SD1.5, SDXL or Flux keys)"
+    return f"a {arch} model"
 
 
 # ---- writer ---------------------------------------------------------------------------------------
@@ -286,7 +309,9 @@ class SafetensorsWriter:
         return text + b" " * max(0, pad_to - len(text))
 
     def __enter__(self) -> SafetensorsWriter:
-        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".partial")
+        remove_stale_partials(self.path)
+        fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.{os.getpid()}-",
+                                    suffix=".partial")
         self._fd, self.temp_path = fd, Path(name)
         try:
             os.ftruncate(fd, self.planned_size)
@@ -343,6 +368,34 @@ class SafetensorsWriter:
         if self.temp_path is not None:
             self.temp_path.unlink(missing_ok=True)
             self.temp_path = None
+
+
+def remove_stale_partials(path: Path) -> list[Path]:
+    """Delete ``.<name>.<pid>-*.partial`` files of ``path`` left by a merge whose process is gone
+    (killed before it could clean up); a running merge's file is kept. Returns what was removed."""
+    removed = []
+    prefix = f".{path.name}."
+    for candidate in path.parent.glob(".*.partial"):
+        middle = candidate.name[len(prefix):-len(".partial")] if candidate.name.startswith(prefix) else ""
+        match = _PARTIAL.fullmatch(middle)
+        if match is None:  # another output's file (``.<name>.x.<pid>-...``) or not ours at all
+            continue
+        pid = int(match[1]) if match[1] else None  # no pid: written before pids were recorded
+        if pid is not None and (pid == os.getpid() or _alive(pid)):
+            continue
+        candidate.unlink(missing_ok=True)
+        removed.append(candidate)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def check_output_path(path: Path, overwrite: bool) -> None:

@@ -145,10 +145,14 @@ def _bare(line: str, i: int, end: int, number: int) -> Any:
     try:
         if word.startswith("&"):
             return _Ref(int(word[1:]))
-        return float(word) if ("." in word or "e" in word.lower()) else int(word)
+        value = float(word) if ("." in word or "e" in word.lower()) else int(word)
     except ValueError:
         raise MechaSyntaxError(number, i + 1, f"{word!r} is not a number, reference (&N), string "
                                               f"(in quotes), true, false or null", line) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MechaSyntaxError(number, i + 1, f"{word} is beyond the float range (it would read as "
+                                              f"{value}); give a finite number", line)
+    return value
 
 
 def _instruction(line: str, column: int, results: list[Any], number: int) -> Any:
@@ -182,8 +186,22 @@ def _resolve(token: _Token, results: list[Any], number: int, line: str) -> Any:
     return token.value
 
 
+def _takes(args: list, least: int, most: int, usage: str) -> None:
+    """Refuse a wrong number of positional values, showing the instruction's form."""
+    if not least <= len(args) <= most:
+        raise ValueError(f"takes {usage}, got {len(args)} positional value{'s' * (len(args) != 1)}")
+
+
+def _quoted_arg(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a quoted string, got {value!r}")
+    return value
+
+
 def _model(args: list, kwargs: dict) -> ModelNode:
+    _takes(args, 1, 3, 'a quoted path: model "a.safetensors"')
     path, *rest = args
+    path = _quoted_arg(path, "the model path")
     config = kwargs.pop("model_config", rest[0] if rest else None)
     space = kwargs.pop("merge_space", rest[1] if len(rest) > 1 else "weight")
     _no_extra(kwargs)
@@ -197,6 +215,7 @@ def _dict(args: list, kwargs: dict) -> _Map:
 
 
 def _literal(args: list, kwargs: dict) -> LiteralNode:
+    _takes(args, 1, 1, "one value or &N reference")
     (value,) = args
     kwargs.pop("model_config", None)
     kwargs.pop("merge_space", None)
@@ -207,7 +226,9 @@ def _literal(args: list, kwargs: dict) -> LiteralNode:
 
 
 def _merge(args: list, kwargs: dict) -> Node:
+    _takes(args, 1, len(args) or 1, 'a quoted method name, then its inputs: merge "weighted_sum" &0 &1')
     method, *inputs = args
+    method = _quoted_arg(method, "the method name")
     if method in COLLAPSED_CONVERSIONS and len(inputs) == 1 and isinstance(inputs[0], LiteralNode):
         return inputs[0]
     values = [LiteralNode(dict(v)) if isinstance(v, _Map) else v for v in inputs]
@@ -216,6 +237,7 @@ def _merge(args: list, kwargs: dict) -> Node:
 
 
 def _input(args: list, kwargs: dict) -> FreeInput:
+    _takes(args, 1, 1, 'one quoted name: input "x"')
     (name,) = args
     space = kwargs.pop("merge_space", "any")
     _no_extra(kwargs)
@@ -223,6 +245,7 @@ def _input(args: list, kwargs: dict) -> FreeInput:
 
 
 def _param(args: list, kwargs: dict) -> ParamNode:
+    _takes(args, 1, 1, 'one quoted name: param "alpha"')
     (name,) = args
     _no_extra(kwargs)
     return rc.param(name)

@@ -124,7 +124,9 @@ def _compute_slice(evaluator: Evaluator, graph: Graph, unit: Unit, raw: list, ou
     out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
     ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
     evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
-    return _checked(out.view(plan.shape), plan, options, report) if unit.end == numel else None
+    if unit.end < numel:
+        return None
+    return _checked(out.view(plan.shape), plan, options, report, evaluator.sources)
 
 
 def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
@@ -145,7 +147,7 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
             and next(iter(shapes)) == plan.shape and chunkable(graph.root)):
         out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
         evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
-        return _checked(out.view(plan.shape), plan, options, report)
+        return _checked(out.view(plan.shape), plan, options, report, evaluator.sources)
     leaves = [None if r is None else r.to(options.device).float() for r in raw]
     result = evaluator.evaluate(graph.root, leaves, ctx)
     if result is None:
@@ -155,7 +157,7 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
     if size > out_buffer.numel():
         out_buffer = torch.empty(size, dtype=torch.uint8)
     out = out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
-    return _checked(out, plan, options, report)
+    return _checked(out, plan, options, report, evaluator.sources)
 
 
 def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> bool:
@@ -168,13 +170,36 @@ def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> 
         return False
 
 
-def _checked(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport) -> torch.Tensor:
+def _checked(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport,
+             sources: list) -> torch.Tensor:
     if not all_finite(out):
         if options.nonfinite == "error":
-            raise NonFiniteError(f"{plan.key}: the merged tensor holds inf or NaN; check the recipe's "
-                                 "parameters (or merge with nonfinite='warn' to write it anyway)")
+            raise NonFiniteError(f"{plan.key}: the merged tensor holds inf or NaN; "
+                                 f"{nonfinite_origin(sources, plan)}; or write it anyway with "
+                                 "--nonfinite warn (MergeOptions(nonfinite='warn'))")
+        if not report.nonfinite:
+            report.nonfinite_origin = nonfinite_origin(sources, plan)
         report.nonfinite.append(plan.key)
     return out
+
+
+def nonfinite_origin(sources: list, plan: KeyPlan) -> str:
+    """Where a non-finite output of ``plan.key`` comes from: an input file, or the recipe itself."""
+    bad = []
+    for source, present in zip(sources, plan.present, strict=True):
+        if not present:
+            continue
+        if hasattr(source, "read_into"):
+            info = source.info(plan.key)
+            tensor = source.read_into(plan.key, torch.empty(info.nbytes, dtype=torch.uint8))
+        else:
+            tensor = source.delta(plan.key)
+        if tensor.is_floating_point() and not all_finite(tensor):
+            bad.append(source.name)
+    if bad:
+        files = " and ".join(bad)
+        return f"it comes from the input file {files}, which holds it at this key (fix or re-fetch it)"
+    return "the recipe made it (every input is finite here): check the methods' parameters"
 
 
 class _NullProgress:

@@ -168,9 +168,11 @@ def _check_kwarg(spec: MergeMethod, name: str, value: Node, path: tuple[str, ...
     pspec = spec.param(name)
     if isinstance(value, LiteralNode):
         for key, scalar in value.mapping.items():
+            entry = f" (entry {key!r})" if value.is_map else ""
             if not pspec.accepts(scalar):
-                entry = f" (entry {key!r})" if value.is_map else ""
                 raise RecipeError(path, f"{scalar!r}{entry} is not a {pspec.type.__name__}")
+            if why := pspec.out_of_range(scalar):
+                raise RecipeError(path, f"{scalar!r}{entry} {why}")
     elif isinstance(value, CallNode):
         if pspec.type is not float or output_space(value, path) != PARAM:
             raise RecipeError(path, "only a float parameter takes a method call, and that call must "

@@ -3,7 +3,9 @@
 A merge method evaluates ONE key. Its positional parameters are tensor inputs annotated with a
 merge space (``Weight``, ``Delta``, ``Param`` or ``AnySpace``; ``*models: Weight`` for a variadic
 input), its keyword-only parameters are scalars (``float``, ``int``, ``bool``, ``str``, optionally
-``| None``) with defaults, and it may take a keyword-only ``ctx: KeyContext``. The return
+``| None``) with defaults, and it may take a keyword-only ``ctx: KeyContext``. A numeric parameter
+may carry its range (``Fraction``, ``Count`` or ``Annotated[float, Range(lo, hi)]``); recipes are
+checked against it when they are built, and every float must be finite. The return
 annotation gives the output space (``AnySpace`` = the space of the ``AnySpace`` inputs).
 
 The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn`` always accepts
@@ -17,6 +19,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import math
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -61,11 +64,34 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class Range:
+    """The closed interval a numeric parameter must lie in: ``k: Annotated[float, Range(0, 1)] = 0.2``."""
+
+    low: float = -math.inf
+    high: float = math.inf
+
+
+Fraction = Annotated[float, Range(0.0, 1.0)]  # a probability or a share, 0 to 1
+Count = Annotated[int, Range(0)]  # a rank or an iteration count, 0 or more
+
+
+@dataclass(frozen=True)
 class ParamSpec:
     name: str
     type: type
     default: Any
     optional: bool = False
+    range: Range | None = None
+
+    def out_of_range(self, value: object) -> str | None:
+        """Why an accepted ``value`` is still refused (not finite, outside the range), or None."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if not math.isfinite(value):
+            return "is not a finite number"
+        if self.range is not None and not self.range.low <= value <= self.range.high:
+            return f"is outside [{self.range.low:g}, {self.range.high:g}], the range of {self.name}"
+        return None
 
     def accepts(self, value: object) -> bool:
         """Whether a scalar ``value`` fits this parameter (an int fits a float, a bool fits nothing else)."""
@@ -144,7 +170,7 @@ def get(name: str) -> MergeMethod:
     except KeyError:
         raise UnknownMethodError(
             f"unknown merge method {name!r}{did_you_mean(name, _REGISTRY)}; "
-            f"list them with registry.all_methods()") from None
+            f"list them with `patchbay_merge.py methods` (Python: registry.all_methods())") from None
 
 
 def all_methods() -> tuple[MergeMethod, ...]:
@@ -231,6 +257,8 @@ def _input_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> Inpu
 
 def _param_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> ParamSpec:
     hint = hints.get(p.name)
+    bounds = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)), None)
+    hint = typing.get_args(hint)[0] if bounds is not None else hint
     optional = False
     args = typing.get_args(hint)
     if args and type(None) in args and len(args) == 2:
@@ -242,8 +270,8 @@ def _param_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> Para
             f"(optionally '| None'), got {hints.get(p.name)!r}")
     if p.default is p.empty:
         raise MethodDefinitionError(f"{where}: parameter {p.name!r} needs a default value")
-    spec = ParamSpec(p.name, hint, p.default, optional)
-    if not spec.accepts(p.default):
+    spec = ParamSpec(p.name, hint, p.default, optional, bounds)
+    if not spec.accepts(p.default) or spec.out_of_range(p.default):
         raise MethodDefinitionError(
             f"{where}: default {p.default!r} of {p.name!r} is not a {hint.__name__}")
     return spec

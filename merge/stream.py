@@ -26,6 +26,10 @@ class NonFiniteError(ArithmeticError):
     """An output tensor holds inf or NaN (MergeOptions.nonfinite='error')."""
 
 
+class MethodError(ValueError):
+    """A merge method failed on one key; the message names the key, the method and its parameters."""
+
+
 class Evaluator:
     """Evaluates the compiled recipe for one key at a time (whole tensors or elementwise slices)."""
 
@@ -62,7 +66,7 @@ class Evaluator:
                 return tensors[0] if tensors else None
         shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) <= 1:
-            return step.method.fn(*args, **scalars, ctx=call_ctx)
+            return apply(step, args, scalars, call_ctx)
         if self.shape_policy == "first" or len({len(s) for s in shapes}) > 1:
             return tensors[0]
         return merge_overlap(step, args, scalars, call_ctx)
@@ -112,7 +116,21 @@ class Evaluator:
         scalars, ctx = prepared[id(step)]
         tensor_kwargs = {name: self._slice(v, flat, start, end, prepared, buffers)
                          for name, v in step.kwargs.items() if isinstance(v, Call)}
-        return step.method.fn(*args, **scalars, **tensor_kwargs, ctx=ctx)
+        return apply(step, args, {**scalars, **tensor_kwargs}, ctx)
+
+
+def apply(step: Call, args: list, scalars: dict, ctx: KeyContext) -> Any:
+    """``step``'s method on one key; a failure inside it becomes a ``MethodError`` naming the key, the
+    method and its scalar parameters (torch's overflow and convergence errors, a method's own checks)."""
+    try:
+        return step.method.fn(*args, **scalars, ctx=ctx)
+    except (RuntimeError, ValueError, TypeError, ArithmeticError, IndexError) as error:
+        if isinstance(error, MethodError):
+            raise
+        given = ", ".join(f"{k}={v!r}" for k, v in scalars.items() if not isinstance(v, torch.Tensor))
+        fix = "; change the parameter (a per-block map can set it for some keys only)" if given else ""
+        message = f"{ctx.key}: {step.method.name}({given}) failed: {error}".replace("\n", " ")
+        raise MethodError(message + fix) from error
 
 
 def context_for(ctx: KeyContext, step: Call) -> KeyContext:
@@ -137,7 +155,7 @@ def merge_overlap(step: Call, args: list, scalars: dict, ctx: KeyContext) -> tor
     sliced = [a[region] if isinstance(a, torch.Tensor) else a for a in args]
     scalars = {k: v[region] if isinstance(v, torch.Tensor) and v.dim() == first.dim() else v
                for k, v in scalars.items()}  # a param-space tensor has the first input's shape
-    merged = step.method.fn(*sliced, **scalars, ctx=ctx)
+    merged = apply(step, sliced, scalars, ctx)
     if first.device.type == "meta":
         return torch.empty(first.shape, device="meta")
     out = first.clone()

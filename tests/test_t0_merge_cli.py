@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -156,3 +157,97 @@ def test_console_entry_runs_without_the_pack_root(tmp_path):
                             check=False)
     assert result.returncode == 0, result.stderr
     assert "weighted_sum" in result.stdout
+
+
+# ---- no traceback, ever (issue 20) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('merge "slerp" &0 &1 alpha=1e308', "slerp(alpha=1e+308) failed: value cannot be converted"),
+    ('merge "rotate" &0 &1 centralization=-1e308', "rotate(alignment=1.0, alpha=0.0, centralization=-1e+308"),
+    ('merge "pick_component" &0 component="nope"', "pick_component(component='nope') failed: components"),
+    ('merge "geometric_sum" &0 &1 alpha=1e30', "NaN; the recipe made it"),
+    ('merge "weighted_sum" &0 &1 alpha=1e999', "1e999 is beyond the float range"),
+    ('merge "crossover" &0 &1 alpha=2', "2 is outside [0, 1], the range of alpha"),
+    ('merge "weighted_summ" &0 &1', "list them with `patchbay_merge.py methods`"),
+    ("merge", "takes a quoted method name"),
+    ('param 7', "parameter name 7 must be an identifier"),
+])
+def test_numerical_and_recipe_failures_are_one_line_naming_key_and_parameter(cli, folder, capsys, line,
+                                                                              message):
+    recipe = write_recipe(folder, 'model "a.safetensors"', 'model "b.safetensors"', line)
+    out = folder / "out.safetensors"
+    assert cli.main(["merge", str(recipe), str(out), "--no-progress"]) == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err, err
+    assert err.count("\n") == (3 if "line 4, column" in err else 1)  # a syntax error shows its line
+    assert sorted(p.name for p in folder.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors",
+                                                         "r.mecha"]
+
+
+def test_nonfinite_warn_prints_the_count_and_first_keys(cli, folder, capsys):
+    recipe = write_recipe(folder, 'model "a.safetensors"', 'model "b.safetensors"',
+                          'merge "geometric_sum" &0 &1 alpha=1e30')
+    out = folder / "out.safetensors"
+    assert cli.main(["merge", str(recipe), str(out), "--no-progress", "--nonfinite", "warn"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: 3 tensors hold inf or NaN and were written anyway (--nonfinite warn): model." in err
+    assert "the recipe made it" in err and out.exists()
+
+
+def test_binary_and_pickle_inputs_are_named(cli, folder, capsys):
+    recipe = folder / "r.mecha"
+    recipe.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    assert cli.main(["validate", str(recipe)]) == cli.EXIT_USER_ERROR
+    assert f"error: {recipe}: not a text file (byte 0 is not UTF-8)" in capsys.readouterr().err
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, folder / "old.ckpt")
+    write_recipe(folder, 'model "old.ckpt"', 'model "a.safetensors"', 'merge "weighted_sum" &0 &1')
+    assert cli.main(["validate", str(recipe)]) == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert "old.ckpt: is a pickle checkpoint (.ckpt/.pt), not safetensors; only safetensors files" in err
+
+
+SLOW_MERGE = """
+import sys, time
+sys.path.insert(0, {devtools!r})
+from patchbay_merge import load_merge_package
+load_merge_package()
+from patchbay.merge import cli, registry
+
+def slow(a: registry.Weight) -> registry.Weight:
+    \"\"\"Sleeps on every key so that the test can signal the merge while it runs.\"\"\"
+    print("started", flush=True)
+    time.sleep(0.5)
+    return a
+
+registry.merge_method(slow)
+sys.exit(cli.main(["merge", {recipe!r}, {out!r}, "--no-progress"]))
+"""
+
+
+def test_sigterm_removes_the_partial_file_and_the_next_run_removes_stale_ones(cli, folder):
+    import signal
+
+    recipe = write_recipe(folder, 'model "a.safetensors"', 'merge "slow" &0')
+    out = folder / "out.safetensors"
+    probe = SLOW_MERGE.format(devtools=str(ROOT / "devtools"), recipe=str(recipe), out=str(out))
+    process = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline() == "started\n"
+    assert [p.name for p in folder.glob(".out.safetensors.*.partial")]  # the merge is writing
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 143 and err == "terminated: nothing was written\n"
+    assert not out.exists() and not list(folder.glob(".*"))
+    # partials of killed merges (no clean-up is possible after SIGKILL) go on the next run of that output
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    stale = [folder / f".out.safetensors.{exited.pid}-abc_1234.partial",
+             folder / ".out.safetensors.x1y2z3w4.partial"]  # written before pids were part of the name
+    running = folder / f".out.safetensors.{os.getppid()}-zzzz9999.partial"  # a running merge's file stays
+    other = folder / f".out.safetensors.v2.{exited.pid}-abcd1234.partial"  # another output's file
+    for path in (*stale, running, other):
+        path.write_bytes(b"partial")
+    write_recipe(folder, *WEIGHTED_SUM)
+    assert cli.main(["merge", str(recipe), str(out), "--no-progress"]) == 0
+    assert not any(path.exists() for path in stale) and running.exists() and other.exists()

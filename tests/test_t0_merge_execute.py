@@ -208,9 +208,11 @@ def test_error_mid_merge_leaves_no_partial_file_and_existing_files_untouched(m, 
         existing = tmp_path / "existing.safetensors"
         existing.write_bytes(b"old")
         before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        expected = m.stream.MethodError if exception is RuntimeError else exception  # names the key
         for target in (tmp_path / "new.safetensors", existing):
             calls.clear()
-            with pytest.raises(exception, match="boom"):
+            with pytest.raises(expected, match=r"model\.diffusion_model\..*explode_third\(\) failed: boom"
+                               if expected is m.stream.MethodError else "boom"):
                 m.execute.merge(recipe, target, opts(m, overwrite=True))
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
@@ -256,11 +258,26 @@ def test_nonfinite_output_is_an_error_or_a_warning(m, abc, tmp_path):
         register(m, poison, "a")
 
         recipe = m.recipe.call("poison", m.recipe.model(str(abc[0])))
-        with pytest.raises(m.stream.NonFiniteError, match="inf or NaN"):
+        with pytest.raises(m.stream.NonFiniteError, match="NaN; the recipe made it .*--nonfinite warn"):
             m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m))
         assert not (tmp_path / "out.safetensors").exists()
         report = m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, nonfinite="warn"))
     assert len(report.nonfinite) == len(SHAPES) - 1
+    assert [w for w in report.warnings if w.startswith(f"{len(SHAPES) - 1} tensors hold inf or NaN and were "
+                                                       f"written anyway (--nonfinite warn): model.")]
+
+
+def test_nonfinite_values_of_an_input_file_are_blamed_on_that_file(m, abc, tmp_path):
+    tensors = load_file(str(abc[1]))
+    tensors["model.diffusion_model.out.2.weight"][3, 4] = float("nan")
+    save_file(tensors, str(tmp_path / "nan.safetensors"))
+    R = m.recipe
+    recipe = R.weighted_sum(R.model(str(abc[0])), R.model(str(tmp_path / "nan.safetensors")), alpha=0.5)
+    with pytest.raises(m.stream.NonFiniteError, match=r"out.2.weight: .* from the input file nan.safet"):
+        m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m))
+    report = m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, nonfinite="warn"))
+    assert report.nonfinite == ["model.diffusion_model.out.2.weight"]
+    assert "at the first, it comes from the input file nan.safetensors" in report.warnings[-1]
 
 
 def test_memory_budget_spills_intermediates_and_gives_the_same_output(m, abc, tmp_path):

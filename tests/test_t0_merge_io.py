@@ -97,6 +97,12 @@ def _good(tmp_path):
      "spans 12 bytes, needs 16384"),
     (lambda data: _with_header(data, {"w": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}}),
      "corrupt header entry"),
+    (lambda data: _with_header(data, {"w": {"dtype": "F32", "shape": [-4, 4], "data_offsets": [64, 0]}}),
+     "must be non-negative integers"),
+    (lambda data: _with_header(data, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}}),
+     "must be non-negative integers"),
+    (lambda data: _pickled(), "is a pickle checkpoint .*only safetensors files are read.*st.save_file"),
+    (lambda data: b"\x80\x02}q\x00X\x05\x00\x00\x00" + bytes(32), "is a pickle checkpoint"),
 ])
 def test_bad_files_raise_an_error_naming_the_file_and_the_fix(mio, tmp_path, mangle, message):
     data = mangle(_good(tmp_path))
@@ -106,6 +112,15 @@ def test_bad_files_raise_an_error_naming_the_file_and_the_fix(mio, tmp_path, man
     with pytest.raises(mio.ModelFileError, match=message) as error:
         mio.SafetensorsFile(path)
     assert str(path) in str(error.value) and error.value.fix
+
+
+def _pickled() -> bytes:
+    """What torch.save writes (a zip of pickles), the usual content of a .ckpt."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, buffer)
+    return buffer.getvalue()
 
 
 def _with_header(data: bytes, header: dict) -> bytes:
@@ -121,6 +136,11 @@ def test_mixed_architectures_are_refused_with_the_fix(mio, tmp_path):
     with pytest.raises(mio.ModelFileError, match="sdxl.safetensors: is a sdxl model but sd15.safetensors is "
                                                  "sd15.*one base"):
         mio.open_models([tmp_path / "sd15.safetensors", tmp_path / "sdxl.safetensors"])
+    save_file({"some.weight": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(mio.ModelFileError, match="other.safetensors: is a model of unknown architecture "
+                                                 r"\(no SD1.5, SDXL or Flux keys\) but sd15.safetensors is "
+                                                 "sd15"):
+        mio.open_models([tmp_path / "sd15.safetensors", tmp_path / "other.safetensors"])
 
 
 def test_writer_streams_and_renames_atomically(mio, tmp_path):

@@ -210,8 +210,33 @@ def test_syntax_errors_carry_line_and_column(M, text, line, column, fragment):
 
 
 def test_dumps_refuses_values_the_format_cannot_hold(R, M):
+    a, b = R.model("a"), R.model("b")
+    with pytest.raises(R.RecipeError, match="weighted_sum.alpha: inf is not a finite number"):
+        R.weighted_sum(a, b, alpha=float("inf"))  # the builders refuse it already
     with pytest.raises(ValueError, match="not finite"):
-        M.dumps(R.weighted_sum(R.model("a"), R.model("b"), alpha=float("inf")))
+        M.dumps(R.CallNode("weighted_sum", (a, b), {"alpha": R.LiteralNode(float("nan"))}))
+
+
+@pytest.mark.parametrize(("line", "fragment"), [
+    ('merge "weighted_sum" &0 &1 alpha=1e999', "1e999 is beyond the float range"),
+    ('merge "weighted_sum" &0 &1 alpha=-1e999', "-1e999 is beyond the float range"),
+    ("merge", 'takes a quoted method name, then its inputs: merge "weighted_sum" &0 &1, got 0'),
+    ("merge 3 &0", "the method name must be a quoted string, got 3"),
+    ("model", 'takes a quoted path: model "a.safetensors", got 0'),
+    ("model 5", "the model path must be a quoted string"),
+    ("literal", "takes one value or &N reference"),
+    ("input 1", "input name 1 must be an identifier (a quoted name"),
+    ("param 2", "parameter name 2 must be an identifier (a quoted name"),
+    ('input "1x"', "input name '1x' must be an identifier"),
+    ('merge "crossover" &0 &1 alpha=1.5', "1.5 is outside [0, 1], the range of alpha"),
+    ('merge "ties_sum" &2 &2 k=-0.5', "-0.5 is outside [0, 1], the range of k"),
+    ('merge "truncate_rank" &2 rank=-1', "-1 is outside [0, inf], the range of rank"),
+])
+def test_malformed_instructions_and_values_are_refused_with_their_line(M, line, fragment):
+    text = TWO + 'merge "subtract" &0 &1\n' + line
+    with pytest.raises(M.MechaSyntaxError, match=r"^line 5, column \d+: ") as info:
+        M.parse(text)
+    assert fragment in str(info.value)
 
 
 def test_crlf_files_read_like_lf_files(R, M):

@@ -6,11 +6,11 @@ import math
 
 import torch
 
-from ..registry import AnySpace, merge_method
+from ..registry import AnySpace, Fraction, merge_method
 
 
 @merge_method(paper="https://github.com/ljleb/sd-mecha")
-def crossover(a: AnySpace, b: AnySpace, *, alpha: float = 0.5, tilt: float = 0.0) -> AnySpace:
+def crossover(a: AnySpace, b: AnySpace, *, alpha: Fraction = 0.5, tilt: float = 0.0) -> AnySpace:
     """Mix the n-d Fourier spectra of A and B by a cut at alpha (tilt 0 = sharp, 1 = plain lerp)."""
     if alpha == 0:
         return a

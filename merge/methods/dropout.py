@@ -7,12 +7,12 @@ import math
 import torch
 
 from ..context import KeyContext
-from ..registry import Delta, merge_method
+from ..registry import Delta, Fraction, merge_method
 from ._util import generator
 
 
 @merge_method(paper="https://arxiv.org/abs/2311.03099")
-def dropout(*deltas: Delta, probability: float = 0.9, rescale: float = 1.0, overlap: float = 1.0,
+def dropout(*deltas: Delta, probability: Fraction = 0.9, rescale: float = 1.0, overlap: float = 1.0,
             overlap_emphasis: float = 0.0, seed: int | None = None, ctx: KeyContext) -> Delta:
     """Keep each delta's entries with probability 1 - p (overlap shapes the kept sets), average, rescale."""
     shape, device = deltas[0].shape, deltas[0].device

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..context import KeyContext
-from ..registry import AnySpace, Delta, merge_method
+from ..registry import AnySpace, Count, Delta, merge_method
 from ._util import generator, is_close
 from .stiefel import exp_stiefel, log_stiefel
 
@@ -43,8 +43,8 @@ def rotate(a: AnySpace, b: AnySpace, *, alignment: float = 1.0, alpha: float = 0
 
 
 @merge_method(paper=ECKART_YOUNG)
-def truncate_rank(a: Delta, *, rank: int = 8, use_approximate_basis: bool = True,
-                  approximate_basis_iters: int = 2, approximate_basis_seed: int | None = None,
+def truncate_rank(a: Delta, *, rank: Count = 8, use_approximate_basis: bool = True,
+                  approximate_basis_iters: Count = 2, approximate_basis_seed: int | None = None,
                   ctx: KeyContext) -> Delta:
     """Best rank-r approximation of a delta by (randomised or exact) SVD of its 2-d view."""
     if a.dim() < 2:

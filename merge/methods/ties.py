@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from ..context import KeyContext
-from ..registry import AnySpace, Delta, merge_method
+from ..registry import AnySpace, Delta, Fraction, merge_method
 from ._util import generator, is_close
 
 TIES = "https://arxiv.org/abs/2306.01708"
@@ -18,7 +18,7 @@ GEOMETRIC_MEDIAN = "https://arxiv.org/abs/1912.13445"
 
 
 @merge_method(paper=TIES)
-def ties_sum(*models: Delta, k: float = 1.0, vote_sgn: bool = False) -> Delta:
+def ties_sum(*models: Delta, k: Fraction = 1.0, vote_sgn: bool = False) -> Delta:
     """TIES: keep each delta's top-k magnitudes, elect a sign, average the agreeing entries."""
     if models[0].numel() == 0:
         return models[0]
@@ -27,7 +27,7 @@ def ties_sum(*models: Delta, k: float = 1.0, vote_sgn: bool = False) -> Delta:
 
 
 @merge_method(paper=TIES)
-def ties_sum_extended(*models: Delta, k: float = 0.2, vote_sgn: bool = False, apply_stock: bool = False,
+def ties_sum_extended(*models: Delta, k: Fraction = 0.2, vote_sgn: bool = False, apply_stock: bool = False,
                       apply_median: bool = False, cos_eps: float = 1e-6, eps: float = 1e-6,
                       maxiter: int = 100, ftol: float = 1e-20) -> Delta:
     """TIES with the agreeing entries combined by Model Stock (default) or the geometric median."""
@@ -37,8 +37,8 @@ def ties_sum_extended(*models: Delta, k: float = 0.2, vote_sgn: bool = False, ap
 
 
 @merge_method(paper=DARE)
-def ties_sum_with_dropout(*deltas: Delta, probability: float = 0.9, della_eps: float = 0.0,
-                          rescale: bool = True, k: float = 0.2, vote_sgn: bool = False,
+def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps: float = 0.0,
+                          rescale: bool = True, k: Fraction = 0.2, vote_sgn: bool = False,
                           apply_stock: bool = False, cos_eps: float = 1e-6, apply_median: bool = False,
                           eps: float = 1e-6, maxiter: int = 100, ftol: float = 1e-20,
                           seed: int | None = None, ctx: KeyContext) -> Delta:
