@@ -131,10 +131,24 @@ def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | 
             continue
         if (entry in keys) if keys is not None else "." in entry:
             continue
-        close = difflib.get_close_matches(entry, names, n=3, cutoff=0.5)
+        if not names:
+            raise ValueError(f"map entry {entry!r} is no key and no glob, and block names need a known "
+                             f"architecture ({', '.join(ARCHS)}; these models are {arch}): use key globs")
+        close = nearest_blocks(entry, names)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"map entry {entry!r} is no block of {arch} ({', '.join(names[:4])}, ...), "
                          f"no key and no glob{hint}")
+
+
+def nearest_blocks(entry: str, names: tuple[str, ...]) -> list[str]:
+    """Up to three block names close to a misspelt ``entry``; a name that differs only in case or in
+    the padding of its number (``in0``, ``IN0`` -> ``IN00``) comes first."""
+    first = []
+    if match := re.fullmatch(r"([A-Za-z]+)(\d+)", entry):
+        padded = f"{match[1].upper()}{int(match[2]):02}"
+        first = [padded] if padded in names else []
+    close = difflib.get_close_matches(entry.upper() if entry.isalnum() else entry, names, n=3, cutoff=0.5)
+    return (first + [c for c in close if c not in first])[:3]
 
 
 def _is_glob(pattern: str) -> bool:

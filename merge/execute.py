@@ -40,7 +40,7 @@ import torch
 
 from . import io as mio
 from . import pipeline
-from .steps import Graph, compile_recipe, recipe_text
+from .steps import Graph, check_maps, compile_recipe, recipe_text
 
 OUT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 SHAPE_POLICIES = ("overlap", "first", "error")
@@ -216,6 +216,7 @@ def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeR
         if unmapped := getattr(source, "unmapped", None):
             report.warnings.append(f"{source.name}: {len(unmapped)} LoRA modules match no key of the base "
                                    f"model and are ignored, e.g. {unmapped[0]}")
+    check_maps(graph, report.arch, [p.key for p in plans if p.passthrough is None])
     if report.shape_mismatches:
         report.warnings.append(f"{len(report.shape_mismatches)} keys with mismatched shapes "
                                f"({options.shape_policy}), e.g. {report.shape_mismatches[0]!r}")

@@ -3,7 +3,10 @@
 ``compile_recipe`` turns a closed recipe graph (merge/recipe.py) into these steps once per merge:
 model paths are resolved and deduplicated into source indices, method names are looked up in the
 registry, scalars stay numbers and map literals stay ``LiteralNode``s that ``Graph.scalar``
-resolves per key. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to bind.
+resolves per key (``check_maps`` resolves them against every planned key at plan time, so that a
+recipe that validates merges). A param-space call given as a parameter
+(``alpha=train_difference_mask(a, b, c)``) is a ``Call`` in ``kwargs``, evaluated per key like a
+tensor input. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to bind.
 """
 
 from __future__ import annotations
@@ -72,6 +75,19 @@ class Graph:
             else:
                 opened.append(FileSource(file, spec.space))
         return opened
+
+    def maps(self) -> list[tuple[str, Any]]:
+        """``("method.param", LiteralNode)`` for every per-block / per-key map the recipe uses."""
+        found, seen, stack = [], set(), [self.root]
+        while stack:
+            step = stack.pop()
+            if not isinstance(step, Call) or id(step) in seen:
+                continue
+            seen.add(id(step))
+            found += [(f"{step.method.name}.{name}", v) for name, v in step.kwargs.items()
+                      if getattr(v, "is_map", False)]
+            stack += [*step.args, *step.kwargs.values()]
+        return found
 
     @staticmethod
     def scalar(value: Any, key: str, arch: str) -> Any:
@@ -160,6 +176,42 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
     if not sources:
         raise RecipeError((), "the recipe has no model input; nothing to merge")
     return Graph(root, sources)
+
+
+def check_maps(graph: Graph, arch: str, keys: list[str]) -> None:
+    """Resolve every map of the recipe against the planned float ``keys`` of an ``arch`` model, so that
+    a merge that validates never meets a map entry that names nothing or a key that no entry covers.
+
+    Raises ``RecipeError`` naming the parameter and the entry (with the nearest block names) or the
+    blocks left without a value.
+    """
+    from .blocks import check_map
+
+    for where, literal in graph.maps():
+        try:
+            check_map(literal.mapping, arch, set(keys))
+        except ValueError as error:
+            raise RecipeError((where,), str(error)) from None
+        if uncovered := _uncovered(literal, arch, keys):
+            names = ", ".join(list(uncovered)[:8]) + (", ..." if len(uncovered) > 8 else "")
+            example = next(iter(uncovered.values()))
+            raise RecipeError((where,), f"the map has no entry for {names} (e.g. {example!r}) and no "
+                                        f"'default'; add those blocks or a 'default' entry")
+
+
+def _uncovered(literal: Any, arch: str, keys: list[str]) -> dict[str, str]:
+    """Block (or key) -> an example key, for the keys no entry of a map without ``default`` covers."""
+    from .blocks import block_of
+
+    if "default" in literal.mapping:
+        return {}
+    uncovered: dict[str, str] = {}
+    for key in keys:
+        try:
+            literal.scalar_for(arch, key)
+        except KeyError:
+            uncovered.setdefault(block_of(arch, key) or key, key)
+    return uncovered
 
 
 def resolve_path(path: Path, search_dirs: tuple[Path, ...]) -> Path:

@@ -251,3 +251,45 @@ def test_sigterm_removes_the_partial_file_and_the_next_run_removes_stale_ones(cl
     write_recipe(folder, *WEIGHTED_SUM)
     assert cli.main(["merge", str(recipe), str(out), "--no-progress"]) == 0
     assert not any(path.exists() for path in stale) and running.exists() and other.exists()
+
+
+SD15_KEYS = {"model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight": (4, 768),
+             "model.diffusion_model.input_blocks.4.0.in_layers.2.weight": (3, 3),
+             "model.diffusion_model.middle_block.1.proj_in.weight": (3, 3),
+             "model.diffusion_model.out.2.weight": (3, 3)}
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    ("IN01=0.2 IN04=0.3 M00=0.4", "weighted_sum.alpha: the map has no entry for OUT11 (e.g. "
+                                  "'model.diffusion_model.out.2.weight') and no 'default'; add those blocks"),
+    ("IN0=0.2 default=0.5", "weighted_sum.alpha: map entry 'IN0' is no block of sd15 (BASE, IN00, IN01, "
+                            "IN02, ...), no key and no glob; did you mean 'IN00' or 'IN10' or 'IN09'?"),
+    ("IN01=0.2 model.diffusion_model.out.3.weight=1 default=0",
+     "map entry 'model.diffusion_model.out.3.weight' is no block of sd15"),
+    ("IN01=0.2 IN04=0.3 M00=0.4 OUT11=1", None),
+    ("IN01=0.2 *.out.*=0.3 default=0.4", None),
+])
+def test_validate_resolves_every_block_map_against_the_models(cli, tmp_path, capsys, entries, message):
+    for name, seed in (("a", 1), ("b", 2)):
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {k: torch.randn(s, generator=gen) for k, s in SD15_KEYS.items()}
+        save_file(tensors, str(tmp_path / f"{name}.st"))
+    recipe = write_recipe(tmp_path, 'model "a.st"', 'model "b.st"', f"dict {entries}",
+                          'merge "weighted_sum" &0 &1 alpha=&2')
+    out = tmp_path / "out.safetensors"
+    for command in (["validate", str(recipe)], ["merge", str(recipe), str(out), "--no-progress"]):
+        status = cli.main(command)
+        err = capsys.readouterr().err
+        if message is None:
+            assert status == 0 and not err
+        else:
+            assert status == cli.EXIT_USER_ERROR and message in err and err.count("\n") == 1, err
+            assert not out.exists()
+
+
+def test_block_names_need_a_known_architecture(cli, folder, capsys):
+    recipe = write_recipe(folder, 'model "a.safetensors"', 'model "b.safetensors"', "dict IN00=0.2 default=1",
+                          'merge "weighted_sum" &0 &1 alpha=&2')
+    assert cli.main(["validate", str(recipe)]) == cli.EXIT_USER_ERROR
+    assert "map entry 'IN00' is no key and no glob, and block names need a known architecture (sd15, sdxl, " \
+           "flux; these models are unknown): use key globs" in capsys.readouterr().err
