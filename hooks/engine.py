@@ -5,7 +5,8 @@ Data flow (see docs/design-hook-engine.md)::
     sampling starts: CFGGuider.sample -> prepare_model_patcher -> patcher.register_all_hook_patches
       (our patcher) -> HookEngine.claim(patcher, hooks, model_options)
           per WeightHook: HookPatches parsed once per (hook content, model) and cached
-          runnable hooks -> RunPlan {hook_ref: index}, {module: ModuleDeltas} (cached per hook set)
+          runnable hooks -> RunPlan {hook_ref: index}, {module: ModuleDeltas} (cached per hook set and
+                            rounding, model_options["transformer_options"][ROUNDING_KEY])
           the rest is left to core (one DEBUG line each, saying why)
           RunPlan stored in model_options["transformer_options"][RUN_KEY]
     OUTER_SAMPLE wrapper: forward hooks installed on the plan's modules; removed in ``finally``
@@ -36,14 +37,15 @@ from comfy.patcher_extension import WrappersMP
 
 from .cache import TensorCache
 from .lowrank import ModuleDeltas, RowStrengths
-from .plan import HookPatches, PatchKey, build_modules, dense_delta, load_hook_patches
+from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, load_hook_patches
 
-__all__ = ["RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper", "calc_cond_batch_wrapper",
-           "outer_sample_wrapper"]
+__all__ = ["ROUNDINGS", "ROUNDING_KEY", "RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
+           "calc_cond_batch_wrapper", "outer_sample_wrapper"]
 
 log = logging.getLogger("patchbay.hooks")
 
 RUN_KEY = "patchbay.hooks.run"
+ROUNDING_KEY = "patchbay.hooks.rounding"  # transformer_options: one of ROUNDINGS, default "compute"
 _COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 _PLANS_KEPT = 8
 
@@ -134,7 +136,8 @@ class HookEngine:
         if not claimed:
             return []
         refs = tuple(by_ref)
-        modules = self._modules(patcher, refs, by_ref)
+        rounding = model_options.get("transformer_options", {}).get(ROUNDING_KEY, "compute")
+        modules = self._modules(patcher, refs, by_ref, rounding)
         model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(
             {ref: i for i, ref in enumerate(refs)}, modules)
         return claimed
@@ -152,19 +155,19 @@ class HookEngine:
         copy.weights, copy.need_weight_init = self.hook_patches(model, hook).patches, False
         return copy
 
-    def _modules(self, patcher: Any, refs: tuple, by_ref: dict) -> dict:
+    def _modules(self, patcher: Any, refs: tuple, by_ref: dict, rounding: str) -> dict:
         """Per-module deltas for this ordered set of hooks, built once and kept for the next runs.
 
         A plan lives only as long as all its hooks do (a finalizer on each hook ref drops it), so
         the LoRA tensors of hooks ComfyUI has discarded are never kept alive here.
         """
-        key = (patcher.model, *map(id, refs))  # the model itself: its id could be reused once freed
+        key = (patcher.model, rounding, *map(id, refs))  # the model itself: its id could be reused once freed
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
         self.plans_built += 1
         modules = build_modules(patcher.model, [(i, by_ref[ref]) for i, ref in enumerate(refs)],
-                                self._dense_fetcher(patcher))
+                                self._dense_fetcher(patcher), rounding)
         self._plans[key] = modules
         for ref in refs:
             weakref.finalize(ref, self._plans.pop, key, None)
@@ -176,14 +179,18 @@ class HookEngine:
         model = patcher.model
         backup = patcher.backup
 
-        def fetch(index: int, pk: PatchKey, patch: Any, device: torch.device, dtype: torch.dtype,
-                  strength: float) -> torch.Tensor:
+        def fetch(index: int, parts: Parts, device: torch.device, dtype: torch.dtype, strength: float,
+                  rounded: bool) -> torch.Tensor:
+            key = parts[0][0].key
+
             def make() -> torch.Tensor:
-                entry = backup.get(pk.key)
-                base = entry.weight if entry is not None else comfy.utils.get_attr(model, pk.key)
-                return dense_delta(patch, pk, base.to(device), strength).to(dtype)
-            # the patch object itself (not its id, which a later patch could reuse) keys its delta
-            return self.cache.get_or_make((patch, pk.key, pk.offset, device, dtype, strength), make)
+                entry = backup.get(key)
+                base = entry.weight if entry is not None else comfy.utils.get_attr(model, key)
+                round_to = base.dtype if rounded else None
+                return dense_delta(parts, base.to(device), strength, round_to).to(dtype)
+            # the patch objects themselves (not their ids, which later patches could reuse) key the delta
+            patches = tuple((patch, pk.offset) for pk, patch in parts)
+            return self.cache.get_or_make((patches, key, device, dtype, strength, rounded), make)
         return fetch
 
 

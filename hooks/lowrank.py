@@ -6,6 +6,8 @@ Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv/Norm module holds ever
     forward:  y[rows] += s * scale_h * ((x[rows] (*) A_h) (*) B_h)   rows: a run where h has strength s
     dense hooks (LoHa, LoKr, DoRA, model-as-LoRA, LoCon with a mid weight, bias diffs):
               y[rows] += s * (x[rows] (*) D_h)                         D_h materialised by the caller
+    replacing dense hooks (weights rounded like LoraLoader, D_h = round(W + dW(s)) - W in fp32):
+              y[rows] = module(x[rows]) with its weight W + D_h        recomputed before any addition
 
 ``(*)`` is ``F.linear`` for Linear modules and the module's own convolution for Conv modules (the
 down projection takes the module's stride/padding/dilation, the up projection is 1x1), which is
@@ -100,12 +102,16 @@ class DenseDelta:
     ``fetch(device, dtype, strength)`` returns the delta (from the engine's byte-budgeted cache, so
     it may be rebuilt after an eviction). A ``linear`` delta is fetched at strength 1 and scaled by
     the strength; a non-linear one (DoRA, custom functions) is fetched once per distinct strength.
+    A ``replace`` delta (a weight's, fetched in fp32) is not added to the output: the rows that carry
+    its hook are recomputed with the module's weight plus the delta, so they see exactly that weight.
+    Where two replacing hooks share rows, the later one is added as an ordinary delta.
     """
 
     hook: int
     fetch: Callable[[torch.device, torch.dtype, float], torch.Tensor]
     bias: bool = False
     linear: bool = True
+    replace: bool = False
 
 
 @dataclass
@@ -126,11 +132,19 @@ class ModuleDeltas:
             return y  # none of this module's hooks is active in this call
         per_chunk = _rows_per_chunk(x.shape[0], strengths.chunks)
         y = _writable(y)
+        replaced = [False] * strengths.chunks
+        for d in self.dense:
+            if d.replace:
+                for start, stop, value in runs.get(d.hook, ()):
+                    self._replace(module, d.fetch(x.device, torch.float32, value), x, y, start, stop,
+                                  per_chunk, replaced)
         for d in self.low_rank:
             for start, stop, value in runs.get(d.hook, ()):
                 a, b = start * per_chunk, stop * per_chunk
                 self._add_low_rank(module, d, x[a:b], y[a:b], value * d.scale)
         for d in self.dense:
+            if d.replace:
+                continue
             fetched: dict[float, torch.Tensor] = {}
             for start, stop, value in runs.get(d.hook, ()):
                 a, b = start * per_chunk, stop * per_chunk
@@ -175,6 +189,26 @@ class ModuleDeltas:
             return down.to(dtype), up.to(dtype)
         return down, up
 
+    def _replace(self, module: torch.nn.Module, delta: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                 start: int, stop: int, per_chunk: int, replaced: list[bool]) -> None:
+        """Chunks [start, stop) recomputed with weight W + delta, each stretch of chunks not replaced
+        before in one call; chunks another hook replaced already get the delta added instead."""
+        chunk = start
+        while chunk < stop:
+            end = chunk + 1
+            while end < stop and replaced[end] == replaced[chunk]:
+                end += 1
+            a, b = chunk * per_chunk, end * per_chunk
+            if replaced[chunk]:
+                y[a:b].add_(self._op(module, x[a:b], delta.to(x.dtype), spatial=True))
+            else:
+                weight = (_weight(module).to(x.device, torch.float32) + delta).to(x.dtype)
+                bias = getattr(module, "bias", None)
+                bias = None if bias is None else bias.to(x.device, x.dtype)
+                y[a:b] = self._op(module, x[a:b], weight, spatial=True, bias=bias)
+                replaced[chunk:end] = [True] * (end - chunk)
+            chunk = end
+
     def _add_dense(self, module: torch.nn.Module, d: DenseDelta, delta: torch.Tensor, x: torch.Tensor,
                    y: torch.Tensor, alpha: float) -> None:
         if not d.bias:
@@ -184,20 +218,27 @@ class ModuleDeltas:
         else:
             y.add_(delta.reshape(-1, *([1] * (y.ndim - 2))), alpha=alpha)  # channels first
 
-    def _op(self, module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
-            spatial: bool) -> torch.Tensor:
+    def _op(self, module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, spatial: bool,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The module's function with ``weight`` (and ``bias``); ``spatial=False``: a plain 1x1 conv."""
         if self.kind == "linear":
-            return F.linear(x, weight)
+            return F.linear(x, weight, bias)
         if self.kind == "group_norm":
-            return F.group_norm(x, module.num_groups, weight, None, module.eps)
+            return F.group_norm(x, module.num_groups, weight, bias, module.eps)
         if self.kind == "layer_norm":
-            return F.layer_norm(x, module.normalized_shape, weight, None, module.eps)
+            return F.layer_norm(x, module.normalized_shape, weight, bias, module.eps)
         if self.kind == "rms_norm":
             return F.rms_norm(x, weight.shape, weight, getattr(module, "eps", None) or 1e-6)
         if spatial:
-            return _CONV_FN[self.kind](x, weight, None, module.stride, module.padding, module.dilation,
+            return _CONV_FN[self.kind](x, weight, bias, module.stride, module.padding, module.dilation,
                                        module.groups)
-        return _CONV_FN[self.kind](x, weight)
+        return _CONV_FN[self.kind](x, weight, bias)
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """A module's weight (ComfyUI's Flux/SD3 RMSNorm keeps it as ``scale``)."""
+    weight = getattr(module, "weight", None)
+    return weight if isinstance(weight, torch.Tensor) else module.scale
 
 
 def _rows_per_chunk(batch: int, chunks: int) -> int:

@@ -7,9 +7,14 @@ Data flow (once per hook content and model; the result is cached by the engine):
                 model's key map, exactly as LoraLoader parses it (BFL-layout Flux LoRAs included)
                or ready patches {key: ("model_as_lora", (tensor,)) | adapter | diff}
       -> HookPatches(patches, reason)     reason: why the engine cannot run it (core runs it then)
-    build_modules(model, [(index, HookPatches)], dense_fetch)
+    build_modules(model, [(index, HookPatches)], dense_fetch, rounding)
       -> {module: ModuleDeltas}: LoRA/LoCon on Linear/Conv weights as LowRankDelta (A, B used as
          loaded), everything else as DenseDelta materialised on demand through ``dense_fetch``
+      rounding "loraloader": every patched weight stored in a lower precision than fp32 (fp8, fp16,
+         bf16) instead gets one DenseDelta per (hook, weight), fetched per strength as
+         round(W + dW(s)) - W with ComfyUI's own rounding (``comfy.float.stochastic_rounding``,
+         seeded by the key), the weight full-load LoraLoader writes; the forward pass then recomputes
+         the hooked rows with W plus that delta (``replace``), the exact weight LoraLoader uses.
 """
 
 from __future__ import annotations
@@ -18,18 +23,29 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import comfy.float
 import comfy.lora
 import comfy.lora_convert
+import comfy.model_patcher
 import comfy.utils
 import comfy.weight_adapter
 import torch
 
 from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
 
-__all__ = ["HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
+__all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
            "load_hook_patches", "split_key"]
 
-DenseFetch = Callable[[int, "PatchKey", Any, torch.device, torch.dtype, float], torch.Tensor]
+# One hook's patches on one tensor: ((PatchKey, patch), ...), all with the same PatchKey.key.
+Parts = tuple[tuple["PatchKey", Any], ...]
+# dense_fetch(hook index, parts, device, dtype, strength, rounded) -> W(strength) - W
+DenseFetch = Callable[[int, Parts, torch.device, torch.dtype, float, bool], torch.Tensor]
+
+# How a delta meets a weight stored in less than fp32: "compute" adds it in the compute dtype (the
+# closest to fp32; what LoraLoader does under lowvram), "loraloader" rounds W + delta to the stored
+# dtype first, as full-load LoraLoader does.
+ROUNDINGS = ("compute", "loraloader")
+_string_to_seed = getattr(comfy.utils, "string_to_seed", None) or comfy.model_patcher.string_to_seed
 
 
 class WideningHookError(ValueError):
@@ -80,13 +96,25 @@ def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
     # like core's add_hook_patches: keys the model does not have are ignored
     patches = {k: v for k, v in patches.items() if _has_tensor(model, split_key(k).key)}
     for k, v in patches.items():
-        reshape = v.weights[5] if isinstance(v, comfy.weight_adapter.LoRAAdapter) else None
-        if reshape is not None:
+        reshape = _reshape(v)
+        shape = list(comfy.utils.get_attr(model, split_key(k).key).shape)
+        if reshape is not None and reshape != shape:
             raise WideningHookError(
-                f"this LoRA widens {split_key(k).key} to {list(reshape)}: it is a control LoRA (such as Flux "
-                "canny/depth) that changes the model's input, which a hook applied to some prompts cannot "
-                "do. Load it with LoraLoader (LoraLoaderModelOnly) instead of Create Hook LoRA.")
+                f"this LoRA widens {split_key(k).key} from {shape} to {reshape}: it is a control LoRA (such "
+                "as Flux canny/depth) that changes the model's input, which a hook applied to some prompts "
+                "cannot do. Load it with LoraLoader (LoraLoaderModelOnly) instead of Create Hook LoRA.")
     return HookPatches(patches, _unsupported_reason(model, patches))
+
+
+def _reshape(patch: Any) -> list[int] | None:
+    """The shape a LoRA patch pads its weight to (``reshape_weight``), or None.
+
+    ``comfy.lora_convert`` adds one to every BFL-layout Flux LoRA, equal to the weight's own shape
+    unless the LoRA is a control LoRA that widens ``img_in``.
+    """
+    if not isinstance(patch, comfy.weight_adapter.LoRAAdapter) or patch.weights[5] is None:
+        return None
+    return [int(n) for n in patch.weights[5]]
 
 
 def _has_tensor(model: torch.nn.Module, key: str) -> bool:
@@ -123,10 +151,13 @@ def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
     kind = module_kind(module)
     if not isinstance(v, comfy.weight_adapter.LoRAAdapter) or not (kind or "").startswith(("linear", "conv")):
         return False
-    up, down, _alpha, mid, dora, reshape = v.weights[:6]
-    if mid is not None or dora is not None or reshape is not None or getattr(module, "groups", 1) != 1:
-        return False
+    up, down, _alpha, mid, dora = v.weights[:5]
     weight = module.weight
+    reshape = _reshape(v)
+    if mid is not None or dora is not None or getattr(module, "groups", 1) != 1:
+        return False
+    if reshape is not None and reshape != list(weight.shape):
+        return False
     rank = down.shape[0]
     return up.numel() == weight.shape[0] * rank and down.numel() == rank * weight[0].numel()
 
@@ -146,34 +177,64 @@ def _is_linear_in_strength(pk: PatchKey, v: Any) -> bool:
 
 
 def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches]],
-                  dense_fetch: DenseFetch) -> dict[torch.nn.Module, ModuleDeltas]:
-    """Per-module deltas of every (engine index, patches) pair; hooks with a ``reason`` must not be passed."""
+                  dense_fetch: DenseFetch, rounding: str = "compute") -> dict[torch.nn.Module, ModuleDeltas]:
+    """Per-module deltas of every (engine index, patches) pair; hooks with a ``reason`` must not be passed.
+
+    rounding: one of ROUNDINGS (see there and the module docstring).
+    """
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}: use one of {ROUNDINGS}")
     out: dict[torch.nn.Module, ModuleDeltas] = {}
     for index, hp in hooks:
+        rounded: dict[str, list[tuple[PatchKey, Any]]] = {}
         for k, v in hp.patches.items():
             pk = split_key(k)
             module = _module(model, pk.module_path)
-            weight = getattr(module, "weight", None)
-            shape = tuple((weight if isinstance(weight, torch.Tensor) else module.scale).shape)
-            deltas = out.setdefault(module, ModuleDeltas(module_kind(module), shape))
-            if _is_low_rank(pk, v, module):
+            deltas = out.setdefault(module, _module_deltas(module))
+            if rounding == "loraloader" and comfy.utils.get_attr(model, pk.key).dtype != torch.float32:
+                rounded.setdefault(pk.key, []).append((pk, v))
+            elif _is_low_rank(pk, v, module):
                 up, down, alpha = v.weights[0], v.weights[1], v.weights[2]
                 scale = float(alpha) / down.shape[0] if alpha is not None else 1.0
                 deltas.low_rank.append(LowRankDelta(index, down, up, scale))
             else:
-                def fetch(device, dtype, strength, _i=index, _pk=pk, _v=v):
-                    return dense_fetch(_i, _pk, _v, device, dtype, strength)
-                deltas.dense.append(DenseDelta(index, fetch, pk.is_bias, _is_linear_in_strength(pk, v)))
+                deltas.dense.append(DenseDelta(index, _fetcher(dense_fetch, index, ((pk, v),), False),
+                                               pk.is_bias, _is_linear_in_strength(pk, v)))
+        for parts in rounded.values():
+            pk = parts[0][0]
+            deltas = out[_module(model, pk.module_path)]
+            fetch = _fetcher(dense_fetch, index, tuple(parts), True)
+            deltas.dense.append(DenseDelta(index, fetch, pk.is_bias, linear=False, replace=not pk.is_bias))
     return out
 
 
-def dense_delta(patch: Any, pk: PatchKey, base: torch.Tensor, strength: float) -> torch.Tensor:
-    """W(strength) - W for one patch, computed by core's own ``comfy.lora.calculate_weight`` in fp32.
+def _module_deltas(module: torch.nn.Module) -> ModuleDeltas:
+    weight = getattr(module, "weight", None)
+    shape = tuple((weight if isinstance(weight, torch.Tensor) else module.scale).shape)
+    return ModuleDeltas(module_kind(module), shape)
 
-    ``base`` is the weight without any patch (model-as-LoRA deltas are taken against it).
+
+def _fetcher(dense_fetch: DenseFetch, index: int, parts: Parts, rounded: bool):
+    def fetch(device: torch.device, dtype: torch.dtype, strength: float) -> torch.Tensor:
+        return dense_fetch(index, parts, device, dtype, strength, rounded)
+    return fetch
+
+
+def dense_delta(parts: Parts, base: torch.Tensor, strength: float, round_to: torch.dtype | None = None
+                ) -> torch.Tensor:
+    """W(strength) - W for one hook's patches on one tensor, by core's ``calculate_weight`` in fp32.
+
+    ``base`` is the tensor without any patch (model-as-LoRA deltas are taken against it). With
+    ``round_to``, W(strength) is first rounded to that dtype the way ModelPatcher.patch_weight_to_device
+    rounds it (stochastic rounding seeded by the key, for fp8), so W + delta is the weight full-load
+    LoraLoader writes, exactly (the difference of two values of a narrower dtype is exact in fp32).
     """
+    key = parts[0][0].key
     w32 = base.to(torch.float32)
-    patches = [(strength, patch, 1.0, pk.offset, pk.function)]
-    patched = comfy.lora.calculate_weight(patches, w32.clone(), pk.key, intermediate_dtype=torch.float32,
-                                          original_weights={pk.key: [(w32, lambda a, **kw: a)]})
+    patches = [(strength, patch, 1.0, pk.offset, pk.function) for pk, patch in parts]
+    patched = comfy.lora.calculate_weight(patches, w32.clone(), key, intermediate_dtype=torch.float32,
+                                          original_weights={key: [(w32, lambda a, **kw: a)]})
+    if round_to is not None:
+        patched = comfy.float.stochastic_rounding(patched, round_to, seed=_string_to_seed(key))
+        patched = patched.to(torch.float32)
     return patched - w32

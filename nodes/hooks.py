@@ -18,7 +18,9 @@ class PatchbayHookEngine:
     DISPLAY_NAME = "Fast Hooks (Patchbay)"
     DESCRIPTION = ("Runs the LoRA and model-as-LoRA hooks of ComfyUI's hook nodes (Create Hook LoRA, "
                    "keyframes, Cond Set Props, regional masks) on this model without swapping weights: "
-                   "all prompts sample in one batch and re-runs reuse everything. Same images as core.")
+                   "all prompts sample in one batch and re-runs reuse everything. Same images as core, "
+                   "except on fp8/fp16 weights, where the LoRA is added unrounded unless rounding is "
+                   "loraloader.")
     CATEGORY = CATEGORY
     FUNCTION = "enable"
     RETURN_TYPES = ("MODEL", "CLIP")
@@ -40,12 +42,21 @@ class PatchbayHookEngine:
             "optional": {
                 "clip": ("CLIP", {"tooltip": "Optional: put it before Set CLIP Hooks; prompts encoded "
                                              "with the same CLIP hooks and strengths are encoded once."}),
+                "rounding": (list(hook_engine.ROUNDINGS), {
+                    "default": "compute",
+                    "tooltip": "Only for weights stored in fp8/fp16/bf16. compute: the LoRA is added "
+                               "in the compute dtype, the closest to an fp32 result (like LoraLoader "
+                               "under lowvram). loraloader: weight + LoRA rounded to the stored dtype, as "
+                               "full-load LoraLoader does, for its images bit for bit (full deltas in the "
+                               "cache; slower).",
+                }),
             },
         }
 
-    def enable(self, model: ModelPatcher, cache_mb: float, clip: CLIP | None = None) -> tuple:
+    def enable(self, model: ModelPatcher, cache_mb: float, clip: CLIP | None = None,
+               rounding: str = "compute") -> tuple:
         fast_clip = None if clip is None else hook_engine.enable_clip_cache(clip)
-        return hook_engine.enable_hook_engine(model, cache_mb), fast_clip
+        return hook_engine.enable_hook_engine(model, cache_mb, rounding), fast_clip
 
 
 NODES = [PatchbayHookEngine]

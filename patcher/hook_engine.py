@@ -20,14 +20,22 @@ from typing import TYPE_CHECKING
 from comfy.patcher_extension import WrappersMP
 
 from ..hooks.clip_cache import CachedEncode
-from ..hooks.engine import HookEngine, apply_model_wrapper, calc_cond_batch_wrapper, outer_sample_wrapper
+from ..hooks.engine import (
+    ROUNDING_KEY,
+    ROUNDINGS,
+    HookEngine,
+    apply_model_wrapper,
+    calc_cond_batch_wrapper,
+    outer_sample_wrapper,
+)
 from .model_patcher import HOOK_ENGINE_KEY, is_upgraded, upgrade
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
     from comfy.sd import CLIP
 
-__all__ = ["WRAPPER_KEY", "clip_cache_of", "enable_clip_cache", "enable_hook_engine", "hook_engine_of"]
+__all__ = ["ROUNDINGS", "WRAPPER_KEY", "clip_cache_of", "enable_clip_cache", "enable_hook_engine",
+           "hook_engine_of"]
 
 _ENCODE = "encode_token_weights"
 
@@ -42,14 +50,21 @@ def hook_engine_of(model: ModelPatcher) -> HookEngine | None:
     return model.patchbay.extras.get(HOOK_ENGINE_KEY) if is_upgraded(model) else None
 
 
-def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0) -> ModelPatcher:
+def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0,
+                       rounding: str = "compute") -> ModelPatcher:
     """A clone of ``model`` on which every hook (core's or ours) runs through Patchbay's engine.
 
     cache_mb: memory budget for materialised deltas (LoHa, LoKr, DoRA, model-as-LoRA), in MiB.
+    rounding: for weights stored in less than fp32 (fp8, fp16, bf16). "compute" adds the LoRA in the
+        compute dtype (closest to the fp32 result; what LoraLoader does under lowvram); "loraloader"
+        rounds W + delta to the stored dtype first, as full-load LoraLoader does, for its images bit
+        for bit (dense deltas in fp32 through the cache, one per strength; slower, more memory).
     ``model`` is not changed.
     """
     if cache_mb < 0:
         raise ValueError(f"cache_mb must be >= 0, got {cache_mb}; use 0 to rebuild dense deltas every step.")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}.")
     engine = hook_engine_of(model)
     clone = upgrade(model)
     if engine is None:
@@ -57,6 +72,7 @@ def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0) -> ModelPa
     else:
         engine.cache.resize(int(cache_mb * 2**20))
     clone.patchbay.extras[HOOK_ENGINE_KEY] = engine
+    clone.model_options.setdefault("transformer_options", {})[ROUNDING_KEY] = rounding
     for wrapper_type, fn in _WRAPPERS:
         clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
         clone.add_wrapper_with_key(wrapper_type, WRAPPER_KEY, fn)

@@ -89,6 +89,30 @@ def test_nonlinear_dense_delta_is_fetched_once_per_distinct_strength(lr):
     torch.testing.assert_close(out, lin(x) + torch.tensor([[1.0], [0.0], [1.0]]) * 4.0 * x)
 
 
+@pytest.mark.parametrize("kind", ["linear", "conv2d"])
+def test_replacing_delta_recomputes_its_rows_with_the_exact_weight(lr, kind):
+    """A replacing delta's rows are the module run with W + D itself (the same call a model whose
+    weight is W + D makes, so bit-identical on the full batch); rows it does not carry keep y, and
+    where a second replacing hook shares rows it is added as an ordinary delta."""
+    g = _gen(4)
+    module = torch.nn.Linear(6, 5) if kind == "linear" else torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(3, 6, generator=g) if kind == "linear" else torch.randn(3, 3, 5, 5, generator=g)
+    d0, d1 = (torch.randn(module.weight.shape, generator=g) for _ in range(2))
+    op = F.linear if kind == "linear" else (lambda a, w, b: F.conv2d(a, w, b, padding=1))
+    w = module.weight.detach()
+    deltas = lr.ModuleDeltas(kind, tuple(w.shape), dense=[
+        lr.DenseDelta(0, lambda d, t, s: d0 * s, linear=False, replace=True),
+        lr.DenseDelta(1, lambda d, t, s: d1, linear=False, replace=True)])
+    with torch.no_grad():
+        y = module(x)
+        full = deltas.apply(module, x, y.clone(), lr.RowStrengths([[1.0, 0.0]] * 3))
+        assert torch.equal(full, op(x, w + d0, module.bias))
+        mixed = deltas.apply(module, x, y.clone(), lr.RowStrengths([[0.0, 0.0], [2.0, 0.0], [2.0, 1.0]]))
+        assert torch.equal(mixed[0], y[0])
+        assert torch.equal(mixed[1], op(x[1:], w + 2 * d0, module.bias)[0])  # rows 1-2 in one call
+        torch.testing.assert_close(mixed[2], op(x[2:], w + 2 * d0 + d1, module.bias)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_rows_follow_chunks_and_refuse_a_batch_they_cannot_split(lr):
     lin = torch.nn.Linear(2, 2)
     deltas = lr.ModuleDeltas("linear", (2, 2), [lr.LowRankDelta(0, torch.ones(1, 2), torch.ones(2, 1), 1.0)])

@@ -6,9 +6,9 @@ conds, model fully loaded, against LoraLoaderModelOnly with the same file and st
 - SDXL kohya LoCon, Flux kohya and Flux diffusers/PEFT LoRAs: the same latent (bit-identical here; asserted
   within 1e-4 of its largest value).
 - BFL-layout Flux LoRAs (flux1-canny/depth-dev-lora: ``double_blocks.0.img_attn.qkv.lora_A.weight``):
-  1. their keys are bare BFL module names (``lora_A``/``lora_B``/``lora_B.bias``, a 128-channel
-     ``img_in``, ``*.norm.query_norm.scale``); ``comfy.lora.model_lora_keys_unet`` knows those
-     modules only as ``diffusion_model.*``.
+  1. their keys are bare BFL module names (``lora_A``/``lora_B``/``lora_B.bias``, ``img_in`` (128
+     input channels in the control LoRAs, 64 in the others), ``*.norm.query_norm.scale``);
+     ``comfy.lora.model_lora_keys_unet`` knows those modules only as ``diffusion_model.*``.
   2. LoraLoader runs ``comfy.lora_convert.convert_lora``, which adds that prefix (bias -> ``diff_b``, scale
      -> ``set_weight``, ``img_in.reshape_weight``): every key is patched and the latent changes.
   3. The hook path calls ``comfy.lora.load_lora`` on the raw file with ``log_missing=False``: no key
@@ -69,11 +69,13 @@ def test_core_hook_equals_loraloader(runs, arch, lora_name):
     assert not model.patches and not model.hook_patches, "the shared model was changed"
 
 
-def test_core_hook_patches_nothing_from_a_bfl_flux_lora(runs):
+@pytest.mark.parametrize("lora_name", [arch_sampling.FLUX_BFL_LORA, arch_sampling.FLUX_BFL_KEEP_LORA])
+def test_core_hook_patches_nothing_from_a_bfl_flux_lora(runs, lora_name):
+    """Whether or not the file widens img_in (a control LoRA or not)."""
     import comfy.lora
     import comfy.lora_convert
 
-    model, lora_name = runs.models["flux"], arch_sampling.FLUX_BFL_LORA
+    model = runs.models["flux"]
     lora = arch_sampling.lora_state_dict(lora_name)
     assert "double_blocks.0.img_attn.qkv.lora_A.weight" in lora and "img_in.lora_A.weight" in lora
     key_map = comfy.lora.model_lora_keys_unet(model.model, {})

@@ -1,12 +1,13 @@
 """T1: the hook engine on the tiny SDXL- and Flux-architecture models (devtools/tiny_arch.py).
 
 Conditioning is synthesized (devtools/arch_sampling.py). A hook on both conds equals LoraLoader, also
-for Flux kohya and diffusers LoRAs; a BFL-layout Flux control LoRA is refused with a clear error;
-masked regional and scheduled hooks equal core's hook path.
+for Flux kohya, diffusers and BFL-layout LoRAs; a BFL-layout Flux control LoRA (one that widens
+img_in) is refused with a clear error; masked regional and scheduled hooks equal core's hook path.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import arch_sampling
@@ -70,16 +71,34 @@ def test_regional_and_scheduled_hooks_equal_core(engine, arch):
                  f"{arch}: a scheduled and a plain LoRA hook on two masked regions")
 
 
+def test_bfl_layout_flux_lora_that_keeps_img_in_runs_on_the_engine(engine, caplog):
+    """ComfyUI's convert_lora adds an ``img_in.reshape_weight`` to every BFL-layout file; here it equals
+    the weight's own shape [3072, 64], so nothing is widened: the whole file (LoRAs, bias diffs, set
+    norm scales) runs on the engine, none of it on core's path, and equals LoraLoader."""
+    model = arch_sampling.shared_model("flux")
+    name = arch_sampling.FLUX_BFL_KEEP_LORA
+    expected = sample("flux", arch_sampling.load_lora(model, name, 0.8))
+    assert (expected - sample("flux", model)).abs().max() > 1e-2 * expected.abs().max(), "no LoRA effect"
+    fast = engine.enable_hook_engine(model)
+    plans = engine.hook_engine_of(fast).plans_built
+    with caplog.at_level(logging.DEBUG, logger="patchbay.hooks"):
+        actual = sample("flux", fast, hooks=arch_sampling.hook_lora(name, 0.8))
+    assert_close(actual, expected, "BFL-layout LoRA hook vs LoraLoader")
+    assert engine.hook_engine_of(fast).plans_built == plans + 1, "the engine did not plan the hook"
+    assert "weight-swapping path" not in caplog.text, caplog.text
+
+
 def test_bfl_layout_flux_control_lora_is_refused_with_a_fix(engine, weights_digest):
-    """ComfyUI converts BFL-layout Flux LoRAs only when they carry ``img_in`` (comfy.lora_convert), i.e.
-    they are control LoRAs (canny/depth) that widen the model's input from 64 to 128 channels. Core's
-    hook path patches nothing from them, silently (test_t1_core_hooks_arch.py). No hook can widen the
-    input of some prompts only, so the engine refuses the hook, before anything is patched, with an
-    error that says to use LoraLoader; the model is left as it was."""
+    """A BFL-layout control LoRA (canny/depth) widens the model's input from 64 to 128 channels
+    (its ``img_in.reshape_weight`` is [3072, 128]). Core's hook path patches nothing from it, silently
+    (test_t1_core_hooks_arch.py). No hook can widen the input of some prompts only, so the engine
+    refuses the hook, before anything is patched, with an error naming both shapes and saying to use
+    LoraLoader; the model is left as it was."""
     model = engine.enable_hook_engine(arch_sampling.shared_model("flux"))
     before = weights_digest(model)
     widening = arch_sampling.hook_lora(arch_sampling.FLUX_BFL_LORA, 0.8)
-    expected = r"widens diffusion_model\.img_in\.weight .* Load it with LoraLoader"
+    expected = (r"widens diffusion_model\.img_in\.weight from \[3072, 64\] to \[3072, 128\]: .* "
+                r"Load it with LoraLoader")
     with pytest.raises(ValueError, match=expected):
         sample("flux", model, hooks=widening)
     assert weights_digest(model) == before and not model.hook_patches and not model.patches

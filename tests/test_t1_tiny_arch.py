@@ -18,7 +18,8 @@ pytestmark = pytest.mark.t1
 
 KEY_MESSAGES = ("missing", "unexpected", "left over", "not loaded", "NOT LOADED")
 ALL_LORAS = [("sdxl", name) for name in arch_sampling.SDXL_LORAS] + [
-    ("flux", name) for name in (*arch_sampling.FLUX_LORAS, arch_sampling.FLUX_BFL_LORA)
+    ("flux", name)
+    for name in (*arch_sampling.FLUX_LORAS, arch_sampling.FLUX_BFL_LORA, arch_sampling.FLUX_BFL_KEEP_LORA)
 ]
 
 
