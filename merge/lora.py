@@ -7,27 +7,17 @@ strength 1 (``up @ down * alpha / rank``; LoHa ``(w1a @ w1b) * (w2a @ w2b) * alp
 and reshaped to the weight's shape. Keys the LoRA does not touch contribute a zero delta.
 
 Module names: kohya writes ``lora_unet_`` + the diffusers module path for the UNet (LDM paths are
-accepted too) and ``lora_te_`` / ``lora_te1_`` + the Hugging Face CLIP path for the text encoder.
-``kohya_names`` derives the diffusers names from the checkpoint's own LDM keys (levels and blocks
-are read off the keys, so reduced test UNets map as well as real SD1.5 and SDXL ones).
+accepted too) and ``lora_te_`` / ``lora_te1_`` + the Hugging Face CLIP path for the text encoder;
+merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNet layout.
 """
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from . import io as mio
+from .lora_keys import kohya_names
 
-UNET = mio.UNET_PREFIX
-TEXT_ENCODERS = (("cond_stage_model.transformer.", "lora_te_"),
-                 ("conditioner.embedders.0.transformer.", "lora_te1_"))
-RESNET = {"in_layers.0": "norm1", "in_layers.2": "conv1", "emb_layers.1": "time_emb_proj",
-          "out_layers.0": "norm2", "out_layers.3": "conv2", "skip_connection": "conv_shortcut"}
-BASIC = {"input_blocks.0.0": "conv_in", "time_embed.0": "time_embedding.linear_1",
-         "time_embed.2": "time_embedding.linear_2", "label_emb.0.0": "add_embedding.linear_1",
-         "label_emb.0.2": "add_embedding.linear_2", "out.0": "conv_norm_out", "out.2": "conv_out"}
 SUPPORTED = {"lora_up.weight", "lora_down.weight", "alpha", "hada_w1_a", "hada_w1_b", "hada_w2_a",
              "hada_w2_b", "lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "diff"}
 
@@ -46,7 +36,7 @@ class LoraSource:
         for key in file.tensors:
             module, _, part = key.partition(".")
             modules.setdefault(module, {})[part] = key
-        names = kohya_names(base.canonical_keys())
+        names = kohya_names(base.canonical_keys(), base.arch)
         self.targets: dict[str, dict[str, str]] = {}
         self.unmapped: list[str] = []
         for module, parts in modules.items():
@@ -109,71 +99,3 @@ def _lokr(t: dict[str, torch.Tensor], alpha: float | None) -> tuple[torch.Tensor
         w1 = w1[:, :, None, None]
     scale = alpha / rank if alpha is not None and rank is not None else 1.0
     return torch.kron(w1, w2), scale
-
-
-def kohya_names(canonical_keys: list[str]) -> dict[str, str]:
-    """kohya module name -> canonical ``.weight`` key, for UNet (diffusers and LDM names) and CLIP."""
-    weights = [k for k in canonical_keys if k.endswith(".weight")]
-    names: dict[str, str] = {}
-    for key in weights:
-        module = key.removesuffix(".weight")
-        if module.startswith(UNET):
-            names["lora_unet_" + module[len(UNET):].replace(".", "_")] = key
-        for prefix, kohya in TEXT_ENCODERS:
-            if module.startswith(prefix):
-                names[kohya + module[len(prefix):].replace(".", "_")] = key
-    ldm_modules = {k[len(UNET):].removesuffix(".weight") for k in weights if k.startswith(UNET)}
-    for ldm, diffusers in diffusers_unet_modules(ldm_modules).items():
-        names["lora_unet_" + diffusers.replace(".", "_")] = UNET + ldm + ".weight"
-    return names
-
-
-def diffusers_unet_modules(ldm_modules: set[str]) -> dict[str, str]:
-    """LDM UNet module path -> diffusers module path, read off the block structure of the keys."""
-    out: dict[str, str] = {}
-    blocks: dict[tuple[str, int], set[str]] = {}
-    for module in ldm_modules:
-        match = re.match(r"(input_blocks|output_blocks|middle_block)\.(\d+)\.(.*)", module)
-        if match:
-            blocks.setdefault((match[1], int(match[2])), set()).add(match[3])
-    for ldm, diffusers in BASIC.items():
-        out[ldm] = diffusers
-    level, index = 0, 0
-    for n in sorted(n for kind, n in blocks if kind == "input_blocks" and n > 0):
-        parts = blocks["input_blocks", n]
-        if "0.op" in parts:
-            out[f"input_blocks.{n}.0.op"] = f"down_blocks.{level}.downsamplers.0.conv"
-            level, index = level + 1, 0
-            continue
-        _block(out, parts, f"input_blocks.{n}", f"down_blocks.{level}", index)
-        index += 1
-    for n, target in ((0, "resnets.0"), (1, "attentions.0"), (2, "resnets.1")):
-        for part in blocks.get(("middle_block", n), ()):
-            out[f"middle_block.{n}.{part}"] = f"mid_block.{target}.{_resnet_part(part)}"
-    level, index = 0, 0
-    for n in sorted(n for kind, n in blocks if kind == "output_blocks"):
-        parts = blocks["output_blocks", n]
-        _block(out, parts, f"output_blocks.{n}", f"up_blocks.{level}", index)
-        index += 1
-        upsampler = [p for p in parts if re.fullmatch(r"\d\.conv", p)]
-        for part in upsampler:
-            out[f"output_blocks.{n}.{part}"] = f"up_blocks.{level}.upsamplers.0.conv"
-        if upsampler:
-            level, index = level + 1, 0
-    return out
-
-
-def _block(out: dict[str, str], parts: set[str], ldm: str, diffusers: str, index: int) -> None:
-    for part in parts:
-        sub, _, rest = part.partition(".")
-        if sub == "0":
-            out[f"{ldm}.{part}"] = f"{diffusers}.resnets.{index}.{_resnet_part(rest)}"
-        elif sub == "1" and not re.fullmatch(r"conv", rest):
-            out[f"{ldm}.{part}"] = f"{diffusers}.attentions.{index}.{rest}"
-
-
-def _resnet_part(part: str) -> str:
-    for ldm, diffusers in RESNET.items():
-        if part == ldm or part.startswith(ldm + "."):
-            return diffusers + part[len(ldm):]
-    return part

@@ -197,21 +197,74 @@ def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(pack, mio, models):
         assert 0.04 < float(delta.std() / weight.std()) < 0.08, name  # tiny_models: LORA_REL = 0.06
 
 
-def test_diffusers_names_follow_the_ldm_block_structure(pack):
-    from patchbay.merge import lora
+# SD1.5's diffusers names of a few modules far apart, written out by hand (diffusers' UNet2DConditionModel:
+# up_blocks.0 has no attention, 3 resnets per up block, the upsampler after the third)
+SD15_NAMES = {
+    "input_blocks.1.0.in_layers.2": "down_blocks_0_resnets_0_conv1",
+    "input_blocks.3.0.op": "down_blocks_0_downsamplers_0_conv",
+    "input_blocks.8.1.transformer_blocks.0.attn1.to_q": "down_blocks_2_attentions_1_transformer_blocks_0_"
+                                                        "attn1_to_q",
+    "middle_block.1.proj_out": "mid_block_attentions_0_proj_out",
+    "output_blocks.2.1.conv": "up_blocks_0_upsamplers_0_conv",
+    "output_blocks.3.1.proj_in": "up_blocks_1_attentions_0_proj_in",
+    "output_blocks.8.2.conv": "up_blocks_2_upsamplers_0_conv",
+    "output_blocks.11.0.skip_connection": "up_blocks_3_resnets_2_conv_shortcut",
+    "output_blocks.11.1.transformer_blocks.0.attn2.to_v": "up_blocks_3_attentions_2_transformer_blocks_0_"
+                                                          "attn2_to_v",
+    "time_embed.2": "time_embedding_linear_2",
+}
 
-    modules = {"input_blocks.1.0.in_layers.2", "input_blocks.1.1.proj_in", "input_blocks.2.0.op",
-               "input_blocks.3.0.skip_connection", "middle_block.0.emb_layers.1", "middle_block.1.proj_out",
-               "output_blocks.0.0.out_layers.3", "output_blocks.1.1.conv", "output_blocks.2.1.proj_in",
-               "output_blocks.3.0.in_layers.2"}
-    names = lora.diffusers_unet_modules(modules)
-    assert names["input_blocks.1.0.in_layers.2"] == "down_blocks.0.resnets.0.conv1"
-    assert names["input_blocks.1.1.proj_in"] == "down_blocks.0.attentions.0.proj_in"
-    assert names["input_blocks.2.0.op"] == "down_blocks.0.downsamplers.0.conv"
-    assert names["input_blocks.3.0.skip_connection"] == "down_blocks.1.resnets.0.conv_shortcut"
-    assert names["middle_block.0.emb_layers.1"] == "mid_block.resnets.0.time_emb_proj"
-    assert names["middle_block.1.proj_out"] == "mid_block.attentions.0.proj_out"
-    assert names["output_blocks.0.0.out_layers.3"] == "up_blocks.0.resnets.0.conv2"
-    assert names["output_blocks.1.1.conv"] == "up_blocks.0.upsamplers.0.conv"
-    assert names["output_blocks.2.1.proj_in"] == "up_blocks.1.attentions.0.proj_in"
-    assert names["output_blocks.3.0.in_layers.2"] == "up_blocks.1.resnets.1.conv1"
+
+def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_has(pack):
+    from patchbay.merge import lora_keys
+
+    present = list(SD15_NAMES)
+    for keys in (present, present[::2], present[1::2], present[-2:]):  # blocks missing in every pattern
+        names = lora_keys.kohya_names([f"model.diffusion_model.{k}.weight" for k in keys], "sd15")
+        expected = {f"lora_unet_{SD15_NAMES[k]}": f"model.diffusion_model.{k}.weight" for k in keys}
+        expected |= {f"lora_unet_{k.replace('.', '_')}": f"model.diffusion_model.{k}.weight" for k in keys}
+        assert names == expected
+
+
+def test_a_unet_that_does_not_fit_its_architecture_gets_its_own_layout(pack):
+    from patchbay.merge import lora_keys
+
+    # one resnet per level, two levels, attention in both (the tiny SD1.5 test UNet)
+    blocks = {"input_blocks.1.0", "input_blocks.1.1", "input_blocks.2.0.op", "input_blocks.3.0",
+              "input_blocks.3.1", "output_blocks.1.2.conv", "output_blocks.3.1"}
+    layout = lora_keys.layout_for("sd15", [f"{b}.x" for b in blocks])
+    assert layout == lora_keys.UNetLayout(((1, True), (1, True)))
+    assert layout.blocks()["output_blocks.1.2.conv"] == "up_blocks.0.upsamplers.0.conv"
+    assert layout.blocks()["output_blocks.3.1"] == "up_blocks.1.attentions.1"
+
+
+def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(pack, tmp_path):
+    from patchbay.merge import execute, recipe
+
+    gen = torch.Generator().manual_seed(0)
+    to_v = "output_blocks.11.1.transformer_blocks.0.attn2.to_v"
+    to_k = "input_blocks.1.1.transformer_blocks.0.attn2.to_k"
+    base = {f"{to_v}.weight": torch.randn(4, 768, generator=gen),  # UNet-only, 3 of SD1.5's 686 keys
+            f"{to_k}.weight": torch.randn(4, 768, generator=gen),
+            "output_blocks.2.1.conv.weight": torch.randn(4, 4, 3, 3, generator=gen)}
+    save_file(base, str(tmp_path / "unet.safetensors"))
+    up, down = torch.randn(4, 2, generator=gen), torch.randn(2, 768, generator=gen)
+    conv_up, conv_down = torch.randn(4, 2, 1, 1, generator=gen), torch.randn(2, 4, 3, 3, generator=gen)
+    name, conv_name = f"lora_unet_{SD15_NAMES[to_v]}", "lora_unet_up_blocks_0_upsamplers_0_conv"
+    save_file({f"{name}.lora_up.weight": up, f"{name}.lora_down.weight": down,
+               f"{name}.alpha": torch.tensor(1.0), f"{conv_name}.lora_up.weight": conv_up,
+               f"{conv_name}.lora_down.weight": conv_down},
+              str(tmp_path / "lora.safetensors"))
+    R = recipe
+    merged = R.add_difference(R.model(str(tmp_path / "unet.safetensors")),
+                              R.model(str(tmp_path / "lora.safetensors"), space="delta"))
+    report = execute.merge(merged, tmp_path / "out.safetensors",
+                           execute.MergeOptions(dtype="fp32", progress=False, fsync=False))
+    assert report.arch == "sd15" and not report.warnings  # nothing "matches no key"
+    out = load_file(str(tmp_path / "out.safetensors"))
+    expected = base[f"{to_v}.weight"] + up @ down / 2  # alpha / rank = 1 / 2
+    torch.testing.assert_close(out[f"model.diffusion_model.{to_v}.weight"], expected)
+    conv = base["output_blocks.2.1.conv.weight"] + (conv_up.flatten(1) @ conv_down.flatten(1)).reshape(
+        4, 4, 3, 3)
+    torch.testing.assert_close(out["model.diffusion_model.output_blocks.2.1.conv.weight"], conv)
+    assert torch.equal(out[f"model.diffusion_model.{to_k}.weight"], base[f"{to_k}.weight"])

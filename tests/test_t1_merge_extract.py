@@ -124,3 +124,31 @@ def test_lora_inputs_add_what_loraloader_adds(pack, comfy, models, tiny_a, stem)
     for key in keys:
         torch.testing.assert_close(source.delta(key), patched[key] - original[key], rtol=1e-4, atol=1e-6,
                                    msg=key)
+
+
+@pytest.mark.parametrize(("config", "arch", "count"), [("sd1-ldm", "sd15", 782), ("sdxl-sgm", "sdxl", 2102)])
+def test_kohya_names_equal_comfyuis_whole_unet_map(pack, comfy, config, arch, count):
+    """merge/lora_keys.py's fixed layouts give ComfyUI's own kohya map (``model_lora_keys_unet`` on the
+    config ComfyUI detects), name for name, for every weight of the real SD1.5 and SDXL UNets (key
+    names and shapes from sd-mecha's model configs, as meta tensors: nothing is allocated)."""
+    import types
+    from pathlib import Path
+
+    import comfy.lora
+    import comfy.model_detection
+    import sd_mecha
+    import yaml
+    from patchbay.merge import io, lora_keys
+
+    spec = Path(sd_mecha.__path__[0]) / f"extensions/builtin/model_configs/{config}.yaml"
+    unet = yaml.safe_load(spec.read_text())["components"]["diffuser"]
+    state = {key: torch.empty(meta["shape"], device="meta") for key, meta in unet.items()}
+    model_config = comfy.model_detection.model_config_from_unet(state, UNET)
+    model = types.SimpleNamespace(state_dict=lambda: {key.removeprefix("model."): None for key in state},
+                                  model_config=model_config)
+    theirs = {name: "model." + key for name, key in comfy.lora.model_lora_keys_unet(model, {}).items()
+              if name.startswith("lora_unet_") and "model." + key in state}
+    infos = {key: io.TensorInfo("F16", tuple(meta["shape"]), 0, 0) for key, meta in unet.items()}
+    assert io.detect_architecture(infos) == (arch, False)
+    ours = lora_keys.kohya_names(list(state), arch)
+    assert len(theirs) == count and ours == theirs
