@@ -115,6 +115,10 @@ class HookEngine:
             per_model[model] = load_hook_patches(model, hook)
         return per_model[model]
 
+    def runs_hooks_on(self, patcher: Any) -> bool:
+        """Whether the engine runs hooks on ``patcher`` at all (not on a torch.compile'd model)."""
+        return _compiled_part(patcher) is None
+
     def claim(self, patcher: Any, hooks: Any, model_options: dict) -> list[Any]:
         """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``."""
         model = patcher.model

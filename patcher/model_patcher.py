@@ -9,6 +9,11 @@ Data flow::
                                core copies the attachment through PatchbayState.on_model_patcher_clone
     register_all_hook_patches -> with the hook engine enabled, WeightHooks it can run are claimed by
                                it (forward-pass deltas) and only the rest reach core's registration
+    get_non_dynamic_delegate (ComfyUI with dynamic VRAM: CFGGuider swaps a dynamic patcher whose conds
+                               carry hooks for a plain ModelPatcher reloaded from disk) -> the patcher
+                               itself while the hook engine runs its hooks (it never writes weights,
+                               so it needs no delegate); otherwise core's delegate, upgraded to our
+                               class, with the attachment (engine included) and wrappers carried over
     load(...) (and every other weight operation: partially_unload, add_patches, add_hook_patches,
     patch_hooks)            -> core's method, with PatchbayState.full_load applied and, for
                                weight_patch_first, the object patches lifted off the model meanwhile
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import comfy.model_patcher
-from comfy.hooks import EnumWeightTarget, HookGroup
+from comfy.hooks import EnumHookType, EnumWeightTarget, HookGroup
 
 from .ordering import reorder_registered
 from .patch_order import FULL_LOAD_MODES, PATCH_ORDERS, PatchOrder, lifted_object_patches, resolve_full_load
@@ -39,8 +44,8 @@ if TYPE_CHECKING:
 ATTACHMENT_KEY = "patchbay"
 HOOK_ENGINE_KEY = "hook_engine"  # PatchbayState.extras key of the hook engine (patcher/hook_engine.py)
 
-__all__ = ["FULL_LOAD_MODES", "PATCH_ORDERS", "PatchbayModelPatcher", "PatchbayPatcherMixin", "PatchbayState",
-           "is_upgraded", "set_patch_order", "upgrade"]
+__all__ = ["FULL_LOAD_MODES", "PATCH_ORDERS", "DynamicHookError", "PatchbayModelPatcher",
+           "PatchbayPatcherMixin", "PatchbayState", "is_upgraded", "set_patch_order", "upgrade"]
 
 
 @dataclass
@@ -115,6 +120,20 @@ class PatchbayPatcherMixin:
         with self._own_modules():
             return super().patch_hooks(*args, **kwargs)
 
+    def get_non_dynamic_delegate(self, *args, **kwargs):
+        """Under dynamic VRAM (ComfyUI 0.33+), what CFGGuider samples with when the conds carry hooks.
+
+        Core reloads the checkpoint as a plain ModelPatcher, because its hook path rewrites weights. The
+        hook engine does not: with it enabled (and able to run hooks on this model), the dynamic patcher
+        itself stays in use, with no second model load. Otherwise the delegate keeps Patchbay's class.
+        """
+        engine = self.patchbay.extras.get(HOOK_ENGINE_KEY)
+        if engine is not None and engine.runs_hooks_on(self):
+            return self
+        delegate = super().get_non_dynamic_delegate(*args, **kwargs)
+        delegate.__class__ = patchbay_class_for(type(delegate))
+        return delegate
+
     def register_all_hook_patches(self, hooks, target_dict, model_options=None, registered=None,
                                   *args, **kwargs):
         """Core's registration, less the WeightHooks the hook engine runs (see patcher/hook_engine.py).
@@ -131,11 +150,27 @@ class PatchbayPatcherMixin:
         for hook in hooks.hooks:
             if hook not in claimed:
                 rest.add(engine.for_core(self.model, hook))
+        if _is_dynamic(self) and rest.get_type(EnumHookType.Weight):
+            raise DynamicHookError(
+                f"{len(rest.get_type(EnumHookType.Weight))} weight hook(s) cannot run on Patchbay's hook "
+                "engine here (the DEBUG log of 'patchbay.hooks' says why) and ComfyUI's own hook path "
+                "does not run on a dynamic-VRAM model. Start ComfyUI with --disable-dynamic-vram, or "
+                "remove the Fast Hooks node so that ComfyUI reloads the model for its own hook path.")
         registered = super().register_all_hook_patches(rest, target_dict, model_options, registered,
                                                        *args, **kwargs)
         for hook in claimed:
             registered.add(hook)
         return registered
+
+
+class DynamicHookError(RuntimeError):
+    """Hooks that only core's weight-swapping path can run, on a dynamic-VRAM patcher that has none."""
+
+
+def _is_dynamic(patcher: Any) -> bool:
+    """ComfyUI's own test (``ModelPatcher.is_dynamic``, 0.33+; no dynamic VRAM before it)."""
+    is_dynamic = getattr(patcher, "is_dynamic", None)
+    return bool(is_dynamic and is_dynamic())
 
 
 class PatchbayModelPatcher(PatchbayPatcherMixin, comfy.model_patcher.ModelPatcher):
