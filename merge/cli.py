@@ -7,7 +7,7 @@ written in that case.
 
     patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
     patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9
-    patchbay_merge.py show recipe.mecha
+    patchbay_merge.py show recipe.mecha [--compact]
     patchbay_merge.py validate recipe.mecha
     patchbay_merge.py methods
 """
@@ -110,8 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     extract.set_defaults(run=run_extract)
 
-    show = sub.add_parser("show", help="print a recipe in compact .mecha form with its inputs and methods")
+    show = sub.add_parser("show", help="print a recipe as .mecha text (sd-mecha reads it too), its inputs "
+                                       "and methods")
     _recipe_args(show)
+    show.add_argument("--compact", action="store_true",
+                      help="the shortest text (Patchbay reads it; sd-mecha needs the default form)")
     show.set_defaults(run=run_show)
 
     validate = sub.add_parser("validate", help="check a recipe and its model files without merging")
@@ -202,7 +205,7 @@ def run_show(args: argparse.Namespace) -> int:
     from . import recipe as rc
 
     root = load_recipe(args)
-    print(mecha_text.dumps(root))
+    print(mecha_text.dumps(root, arch=_models_arch(root, _search_dirs(args)), compact=args.compact))
     models = sorted({n.path for _, n in rc.walk(root) if isinstance(n, rc.ModelNode)})
     methods = sorted({n.method for _, n in rc.walk(root) if isinstance(n, rc.CallNode)})
     print(f"# inputs: {', '.join(models)}")
@@ -210,6 +213,19 @@ def run_show(args: argparse.Namespace) -> int:
     if open_names := [*rc.free_inputs(root), *rc.params(root)]:
         print(f"# open (bind with --param): {', '.join(open_names)}")
     return 0
+
+
+def _models_arch(root: Any, search_dirs: tuple[Path, ...]) -> str | None:
+    """The architecture of the recipe's model files when they can be opened (block maps need it)."""
+    from . import io as mio
+    from .steps import compile_recipe
+
+    try:
+        files = mio.open_models(spec.path for spec in compile_recipe(root, search_dirs).sources)
+    except (ValueError, OSError):
+        return None
+    weights = [f.arch for f in files if not f.arch.startswith("lora")]
+    return weights[0] if weights else None
 
 
 def run_validate(args: argparse.Namespace) -> int:

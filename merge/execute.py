@@ -134,7 +134,8 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     sources = graph.open_sources()
     try:
         plans = plan_keys(graph, sources, options, report)
-        metadata = {"patchbay.recipe": recipe_text(recipe), "patchbay.generator": "ComfyUI-Patchbay merge"}
+        metadata = {"patchbay.recipe": recipe_text(recipe, report.arch),
+                    "patchbay.generator": "ComfyUI-Patchbay merge"}
         outputs = [mio.OutputTensor(p.key, p.dtype, p.shape) for p in plans]
         with mio.SafetensorsWriter(out_path, outputs, metadata, options.overwrite, options.fsync) as writer:
             pipeline.run(graph, sources, plans, writer, options, report)

@@ -65,6 +65,7 @@ class ExtractReport:
     mean_error: float = 0.0
     dropped: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    arch: str = "unknown"
 
 
 def kohya_name(key: str) -> str | None:
@@ -96,6 +97,7 @@ def extract_lora(recipe: object, out_path: str | Path,
         weights = [s for s in sources if s.space == "weight"] or sources
         keys = dict.fromkeys(key for source in weights for key in source.keys())  # noqa: SIM118
         evaluator = Evaluator(graph, "overlap")
+        report.arch = weights[0].arch
         for key in keys:
             name = kohya_name(key)
             if name is None:
@@ -118,7 +120,7 @@ def extract_lora(recipe: object, out_path: str | Path,
                          "(is it a delta, e.g. subtract(tuned, base)?)")
     ranks = sorted(set(report.ranks.values()))
     metadata = {"ss_network_module": "networks.lora", "ss_network_dim": str(max(ranks)),
-                "ss_network_alpha": str(max(ranks)), "patchbay.recipe": recipe_text(recipe),
+                "ss_network_alpha": str(max(ranks)), "patchbay.recipe": recipe_text(recipe, report.arch),
                 "patchbay.generator": "ComfyUI-Patchbay extract"}
     mio.save_file(dict(sorted(tensors.items())), out_path, metadata, overwrite=options.overwrite)
     report.modules = len(report.ranks)

@@ -1,4 +1,4 @@
-"""The ``.mecha`` text format: read sd-mecha's ``version 0.1.0`` files, write a compact form of it.
+"""The ``.mecha`` text format: read sd-mecha's ``version 0.1.0`` files (writing: merge/mecha_write.py).
 
 One instruction per line after the ``version 0.1.0`` header; ``&N`` refers to the N-th
 instruction (0-based, comment lines ``#`` not counted); the last instruction is the result.
@@ -13,23 +13,28 @@ As in sd-mecha, a blank line (a trailing newline too) is an error.
 
 sd-mecha writes every scalar as three lines (``dict key=v`` / ``literal &N
 model_config="singleton-mecha"`` / ``merge "convert_singleton" &N``); ``parse`` collapses that,
-and the block-map conversions, to one LiteralNode. ``dumps`` writes scalars inline, leaves out
-parameters at their default and shares identical lines; ``parse(dumps(r)) == r`` for recipes made
-by the builders of merge/recipe.py.
+and the block-map conversions, to one LiteralNode, and reads its LoRA conversion calls
+(``merge "convert_'sd1-kohya_kohya_lora'_to_base" &N`` then ``"convert_'sd1-kohya'_to_'sd1-ldm'"``)
+as the LoRA file in delta space. ``dumps`` (merge/mecha_write.py) writes sd-mecha's form or a
+compact one; ``parse(dumps(r)) == r`` for recipes made by the builders of merge/recipe.py (a block
+map with ``default`` comes back with the default spread over the blocks).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from . import recipe as rc
 from .graph import CallNode, FreeInput, LiteralNode, ModelNode, Node, ParamNode, RecipeError
+from .mecha_write import VERSION, dumps, lora_base  # noqa: F401 - dumps is part of this API
 
-VERSION = "version 0.1.0"
 CONSTANTS = {"null": None, "true": True, "false": False}
 COLLAPSED_CONVERSIONS = ("convert_singleton", "convert_sd1_blocks_to_ldm", "convert_sdxl_blocks_to_sgm")
+_LORA_CONVERSION = re.compile(r"convert_'(?:sd1|sdxl)-kohya_(?:kohya|lycoris)_lora'_to_base")
+_BASE_CONVERSION = re.compile(r"convert_'((?:sd1|sdxl)-kohya)'_to_'(?:sd1-ldm|sdxl-sgm)'")
 
 
 class MechaSyntaxError(ValueError):
@@ -231,9 +236,25 @@ def _merge(args: list, kwargs: dict) -> Node:
     method = _quoted_arg(method, "the method name")
     if method in COLLAPSED_CONVERSIONS and len(inputs) == 1 and isinstance(inputs[0], LiteralNode):
         return inputs[0]
+    if method.startswith("convert_'"):
+        return _conversion(method, inputs)
     values = [LiteralNode(dict(v)) if isinstance(v, _Map) else v for v in inputs]
     named = {k: LiteralNode(dict(v)) if isinstance(v, _Map) else v for k, v in kwargs.items()}
     return rc.call(method, *values, **named)
+
+
+def _conversion(method: str, inputs: list) -> ModelNode:
+    """sd-mecha's LoRA conversion calls read as what they mean: the LoRA file as a delta-space input
+    (merge/lora.py maps its kohya names onto the base model's keys)."""
+    (node,) = inputs if len(inputs) == 1 else (None,)
+    lora = _LORA_CONVERSION.fullmatch(method)
+    if lora and isinstance(node, ModelNode) and node.config == method[len("convert_'"):-len("'_to_base")]:
+        return rc.model(node.path, "delta", node.config)
+    base = _BASE_CONVERSION.fullmatch(method)
+    if base and isinstance(node, ModelNode) and lora_base(node) == base[1]:
+        return node
+    raise ValueError(f"sd-mecha's conversion {method!r} is not supported here; Patchbay reads kohya and "
+                     'LyCORIS LoRAs directly: write the LoRA as model "lora.safetensors" merge_space="delta"')
 
 
 def _input(args: list, kwargs: dict) -> FreeInput:
@@ -258,67 +279,3 @@ def _no_extra(kwargs: dict) -> None:
 
 _COMMANDS = {"model": _model, "dict": _dict, "literal": _literal, "merge": _merge,
              "input": _input, "param": _param}
-
-
-# ---- writing -------------------------------------------------------------------------------------
-
-def dumps(root: Node) -> str:
-    """The compact .mecha text of ``root``: scalars inline, defaults left out, no trailing newline."""
-    lines: list[str] = []
-    memo: dict[int, str] = {}
-    _emit(root, lines, memo)
-    return "\n".join([VERSION, *lines])
-
-
-def _emit(node: Node, lines: list[str], memo: dict[int, str]) -> str:
-    if id(node) in memo:
-        return memo[id(node)]
-    if isinstance(node, ModelNode):
-        line = f"model {_string(node.path)}" + _option("model_config", node.config, None)
-        line += _option("merge_space", node.space, "weight")
-    elif isinstance(node, FreeInput):
-        line = f"input {_string(node.name)}" + _option("merge_space", node.space, "any")
-    elif isinstance(node, ParamNode):
-        line = f"param {_string(node.name)}"
-    elif isinstance(node, LiteralNode):
-        if not node.is_map:
-            raise ValueError(f"a scalar literal ({node.value!r}) is written inline, not as a line")
-        line = "dict " + " ".join(f"{k}={_scalar(v)}" for k, v in node.value)
-    else:
-        line = _merge_line(node, lines, memo)
-    if line not in lines:
-        lines.append(line)
-    memo[id(node)] = ref = f"&{lines.index(line)}"
-    return ref
-
-
-def _merge_line(node: CallNode, lines: list[str], memo: dict[int, str]) -> str:
-    spec = rc.registry.get(node.method)
-    parts = ["merge", _string(node.method), *(_emit(a, lines, memo) for a in node.args)]
-    for name, value in node.kwargs:
-        if name in spec.param_names() and value == LiteralNode(spec.param(name).default):
-            continue
-        text = _scalar(value.value) if isinstance(value, LiteralNode) and not value.is_map else _emit(
-            value, lines, memo)
-        parts.append(f"{name}={text}")
-    return " ".join(parts)
-
-
-def _option(name: str, value: str | None, default: str | None) -> str:
-    return "" if value == default else f" {name}={_scalar(value)}"
-
-
-def _scalar(value: Any) -> str:
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, str):
-        return _string(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} cannot be written to a .mecha file (not finite)")
-        return repr(value)
-    return str(value)
-
-
-def _string(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

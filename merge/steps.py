@@ -226,13 +226,12 @@ def resolve_path(path: Path, search_dirs: tuple[Path, ...]) -> Path:
     return path
 
 
-def recipe_text(recipe: Any) -> str:
-    """The recipe as .mecha text for the output's metadata (``repr`` until mecha_text is available)."""
+def recipe_text(recipe: Any, arch: str | None = None) -> str:
+    """The recipe as .mecha text for the output's metadata, in the form sd-mecha reads back (block
+    maps in ``arch``'s block config)."""
+    from . import mecha_write
+
     try:
-        from . import mecha_text
-    except ImportError:
-        return repr(recipe)
-    try:
-        return mecha_text.dumps(recipe)
+        return mecha_write.dumps(recipe, arch=arch)
     except Exception as error:  # noqa: BLE001 - metadata must never fail a finished merge
         return f"# not printable as .mecha ({error}): {recipe!r}"

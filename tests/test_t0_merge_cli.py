@@ -293,3 +293,26 @@ def test_block_names_need_a_known_architecture(cli, folder, capsys):
     assert cli.main(["validate", str(recipe)]) == cli.EXIT_USER_ERROR
     assert "map entry 'IN00' is no key and no glob, and block names need a known architecture (sd15, sdxl, " \
            "flux; these models are unknown): use key globs" in capsys.readouterr().err
+
+
+def test_show_and_the_embedded_recipe_use_the_block_config_of_the_models(cli, tmp_path, capsys):
+    for name, seed in (("a", 1), ("b", 2)):
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {k: torch.randn(s, generator=gen) for k, s in SD15_KEYS.items()}
+        save_file(tensors, str(tmp_path / f"{name}.st"))
+    recipe = write_recipe(tmp_path, 'model "a.st"', 'model "b.st"', "dict IN01=0.2 default=0.5",
+                          'merge "weighted_sum" &0 &1 alpha=&2')
+    assert cli.main(["show", str(recipe)]) == 0
+    shown = capsys.readouterr().out.split("\n# inputs")[0]
+    assert 'model "a.st" merge_space="weight"' in shown
+    assert "dict BASE=0.5 IN00=0.5 IN01=0.2 IN02=0.5" in shown
+    assert shown.endswith('literal &2 model_config="sd1-supermerger_blocks" merge_space=null\n'
+                          'merge "convert_sd1_blocks_to_ldm" &3\nmerge "weighted_sum" &0 &1 alpha=&4')
+    assert cli.main(["show", str(recipe), "--compact"]) == 0
+    assert capsys.readouterr().out.startswith('version 0.1.0\nmodel "a.st"\nmodel "b.st"\n'
+                                              'dict IN01=0.2 default=0.5\n')
+    out = tmp_path / "out.safetensors"
+    assert cli.main(["merge", str(recipe), str(out), "--no-progress"]) == 0
+    from patchbay.merge import io
+
+    assert io.SafetensorsFile(out).metadata["patchbay.recipe"] == shown

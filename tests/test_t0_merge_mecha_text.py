@@ -54,9 +54,11 @@ def test_round_trip(R, M, name):
 
 
 def test_dumps_is_compact_and_shares_lines(R, M):
-    text = M.dumps(_recipes(R)["weighted_sum"])
+    text = M.dumps(_recipes(R)["weighted_sum"], compact=True)
     assert text == ('version 0.1.0\nmodel "a.safetensors"\nmodel "b.safetensors"\n'
                     'merge "weighted_sum" &0 &1 alpha=0.3')
+    sd_mecha_form = text.replace('safetensors"', 'safetensors" merge_space="weight"')
+    assert M.dumps(_recipes(R)["weighted_sum"]) == sd_mecha_form
     assert M.dumps(_recipes(R)["defaults"]).endswith('merge "weighted_sum" &0 &1')
     shared = M.dumps(_recipes(R)["shared_line"]).split("\n")
     assert sum(line.startswith("dict ") for line in shared) == 1
@@ -163,6 +165,55 @@ def test_unfinalized_sd_mecha_text_with_inline_scalars_and_blocks(R, M, sdm_file
     text = sd_mecha.serialize(sd_mecha.weighted_sum(x1, x2, alpha=blocks), finalize=False)
     r1, r2 = (R.model(f"x{i}.safetensors", config="sd1-ldm") for i in (1, 2))
     assert M.parse(text) == R.weighted_sum(r1, r2, alpha={"IN00": 0.2, "M00": 0.7})
+
+
+def _sd_mecha_form_cases(R):
+    a, b, c = R.model("a.safetensors"), R.model("b.safetensors"), R.model("c.safetensors")
+    x1, x2 = R.model("x1.safetensors", config="sd1-ldm"), R.model("x2.safetensors", config="sd1-ldm")
+    sd15 = ("BASE", *(f"IN{i:02}" for i in range(12)), "M00", *(f"OUT{i:02}" for i in range(12)))
+    lora = R.model("lora.safetensors", space="delta", config="sd1-kohya_kohya_lora")
+    return [  # (recipe, arch given to dumps, what sd-mecha's own text of it reads back as)
+        (R.weighted_sum(a, b, alpha=0.3), None, None),
+        (R.weighted_sum(x1, x2, alpha={"IN00": 0.2, "M00": 0.7, "default": 0.5}), None,
+         R.weighted_sum(x1, x2, alpha={b: {"IN00": 0.2, "M00": 0.7}.get(b, 0.5) for b in sd15})),
+        (R.weighted_sum(a, b, alpha={"IN08": 0.2, "VAE": 0.0, "default": 1.0}), "sdxl",
+         R.weighted_sum(a, b, alpha={"BASE": 1.0, **{f"IN{i:02}": 0.2 if i == 8 else 1.0 for i in range(9)},
+                                     "M00": 1.0, **{f"OUT{i:02}": 1.0 for i in range(9)}, "VAE": 0.0})),
+        (R.add_difference(a, R.subtract(b, c), alpha=R.train_difference_mask(a, b, c, alpha=0.5)), None,
+         None),
+        (R.add_difference(x1, R.ties_sum_with_dropout(R.subtract(a, x1), R.subtract(b, x1), probability=0.3,
+                                                      seed=7)), "sd15", None),
+        (R.add_difference(x1, lora, alpha=0.8), None, None),
+        (R.pick_component(R.n_average(a, b, c), component="clip_l"), None, None),
+    ]
+
+
+def test_sd_mecha_reads_back_what_dumps_writes(R, M, sdm_files):
+    """Our text through sd-mecha's parser and serializer and back through ours: the same recipe."""
+    sd_mecha, _ = sdm_files
+    for recipe, arch, expected in _sd_mecha_form_cases(R):
+        text = M.dumps(recipe, arch=arch)
+        assert "dict " not in text or "supermerger_blocks" in text, text  # no bare map sd-mecha misreads
+        theirs = sd_mecha.serialize(sd_mecha.deserialize(text), finalize=False)
+        assert M.parse(theirs) == (expected or recipe), (text, theirs)
+        assert M.parse(text) == (expected or recipe)
+
+
+def test_sd_mecha_lora_conversion_reads_as_the_lora_delta(R, M):
+    text = "\n".join([
+        "version 0.1.0",
+        'model "x1.safetensors" model_config="sd1-ldm" merge_space="weight"',
+        'model "l.safetensors" model_config="sd1-kohya_kohya_lora" merge_space="weight"',
+        "merge \"convert_'sd1-kohya_kohya_lora'_to_base\" &1",
+        "merge \"convert_'sd1-kohya'_to_'sd1-ldm'\" &2",
+        'merge "add_difference" &0 &3 alpha=0.8',
+    ])
+    lora = R.model("l.safetensors", space="delta", config="sd1-kohya_kohya_lora")
+    assert M.parse(text) == R.add_difference(R.model("x1.safetensors", config="sd1-ldm"), lora, alpha=0.8)
+    unknown = "convert_'sdxl-diffusers_unet_only'_to_'sdxl-sgm'"
+    with pytest.raises(M.MechaSyntaxError, match=f"conversion \"{unknown}\" is not supported here; .* "
+                                                 'merge_space="delta"'):
+        M.parse(f'version 0.1.0\nmodel "u.safetensors"\nmerge "{unknown}" &0')
 
 
 def test_sd_mecha_reads_our_compact_text_of_plain_recipes(R, M, sdm_files):
