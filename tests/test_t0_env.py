@@ -1,4 +1,5 @@
-"""T0: devtools/env.sh refuses clearly when Python 3.11 or the local torch wheels are missing."""
+"""T0: devtools/env.sh refuses clearly when Python 3.11, the local torch wheels, the ComfyUI version or
+the vendored ComfyUI 0.33 archive is wrong or missing."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ pytestmark = pytest.mark.t0
 ENV_SH = Path(__file__).resolve().parent.parent / "devtools" / "env.sh"
 
 
-def run_env(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+def run_env(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {**os.environ, "PATCHBAY_CACHE": str(tmp_path / "cache")}
-    return subprocess.run(["bash", str(ENV_SH)], env={**base, **env}, capture_output=True, text=True,
+    return subprocess.run(["bash", str(ENV_SH), *args], env={**base, **env}, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -43,3 +44,28 @@ def test_missing_torch_wheel_says_where_it_looked(tmp_path):
     assert f"no local torch-2.14.1 wheel for CPython 3.11 x86_64 in: {empty}" in result.stderr
     assert "PATCHBAY_WHEEL_DIRS" in result.stderr
     assert not list((tmp_path / "cache").glob("env-*/venv")), "a refused build must leave no half environment"
+
+
+def test_unknown_comfyui_version_names_the_tested_ones(tmp_path):
+    result = run_env(tmp_path, "--comfyui", "0.40")
+    assert result.returncode == 1
+    assert "unknown ComfyUI version '0.40': the tested ones are 0.3.75 and 0.33" in result.stderr
+
+
+def test_missing_vendor_archive_says_where_it_looked(tmp_path):
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    result = run_env(tmp_path, "--comfyui", "0.33", PATCHBAY_VENDOR=str(vendor))
+    assert result.returncode == 1
+    assert f"unpacked from {vendor}/comfyui-0.33.0.tar.gz, which is missing" in result.stderr
+    assert "PATCHBAY_VENDOR" in result.stderr
+    assert not list((tmp_path / "cache").glob("env-*/venv")), "a refused build must leave no half environment"
+
+
+def test_vendor_archive_with_another_sha256_is_refused(tmp_path):
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    (vendor / "comfyui-0.33.0.tar.gz").write_bytes(b"not the snapshot")
+    result = run_env(tmp_path, "--comfyui=0.33.0", PATCHBAY_VENDOR=str(vendor))
+    assert result.returncode == 1
+    assert "does not have the pinned sha256" in result.stderr

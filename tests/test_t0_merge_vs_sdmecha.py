@@ -23,7 +23,7 @@ SDMECHA_AVAILABLE = importlib.util.find_spec("sd_mecha") is not None
 @pytest.fixture(scope="module")
 def sd_mecha():
     if not SDMECHA_AVAILABLE:
-        pytest.skip("sd-mecha 1.1.8 is not installed (devtools/requirements.lock pins it)")
+        pytest.skip("sd-mecha 1.1.8 is not installed (devtools/requirements-*.lock pin it)")
     import sd_mecha
 
     return sd_mecha
