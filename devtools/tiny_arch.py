@@ -61,6 +61,8 @@ FLUX_DIT = {
     "out_channels": 16, "qkv_bias": True, "in_channels": 16, "hidden_size": 3072, "context_in_dim": 64,
     "patch_size": 2, "vec_in_dim": 64, "depth": 1, "depth_single_blocks": 1, "guidance_embed": True,
 }
+# FluxParams fields that newer ComfyUI (0.33) requires and its detection fills in; 0.3.75 refuses them.
+FLUX_DIT_NEWER = {"txt_ids_dims": []}
 RANK = 8
 GENERATOR = "devtools/tiny_arch.py"
 SDXL_LORA, FLUX_KOHYA, FLUX_DIFFUSERS, FLUX_BFL, FLUX_BFL_KEEP = (
@@ -75,7 +77,26 @@ SDXL_SUFFIXES = (
     ".in_layers.2", ".out_layers.3", ".emb_layers.1", ".skip_connection", ".op", ".conv",
 )
 FLUX_TARGETS = ("_attn.qkv", "_attn.proj", ".linear1", ".linear2")  # module-name endings
+# Flux.2 diffusers names that ComfyUI 0.33 maps onto Flux.1's fused single-block linears too; a Flux.1
+# PEFT LoRA has only the per-projection names, so they are left out (and the file is the same on 0.3.75).
+FLUX2_DIFFUSERS_NAMES = (".attn.to_qkv_mlp_proj.weight", ".attn.to_out.weight")
 BFL_CONTROL_CHANNELS = 128  # img_in of the canny/depth models: 64 latent + 64 control channels
+
+
+def flux_dit() -> dict:
+    """FLUX_DIT as the running ComfyUI detects the Flux file: plus the FluxParams fields it knows of."""
+    import dataclasses
+
+    import comfy.ldm.flux.model
+
+    known = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
+    return {**FLUX_DIT, **{key: value for key, value in FLUX_DIT_NEWER.items() if key in known}}
+
+
+def bfl_name(key: str) -> str:
+    """Flux files name the RMSNorm weights ``*_norm.scale`` (ComfyUI 0.3.75's own RMSNorm); 0.33 builds
+    torch's RMSNorm (``*_norm.weight``) and renames ``.scale`` on load. One name, so one file for both."""
+    return key.removesuffix(".weight") + ".scale" if key.endswith("_norm.weight") else key
 
 
 def unet_rel(stem: str) -> str:
@@ -107,7 +128,7 @@ class ArchModels:
         self.flux_to_diffusers = comfy.utils.flux_to_diffusers
         with torch.device("meta"):
             self.sdxl = comfy.supported_models.KOALA_700M(SDXL_UNET).get_model({}, device="meta")
-            self.flux = comfy.supported_models.Flux(FLUX_DIT).get_model({}, device="meta")
+            self.flux = comfy.supported_models.Flux(flux_dit()).get_model({}, device="meta")
         for model, expected in ((self.sdxl, comfy.model_base.SDXL), (self.flux, comfy.model_base.Flux)):
             layout = model.diffusion_model.state_dict()
             detected = comfy.model_detection.model_config_from_unet(layout, "")
@@ -117,7 +138,8 @@ class ArchModels:
 
     def unet(self, stem: str) -> Tensors:
         model = self.sdxl if stem == SDXL_STEM else self.flux
-        return init_module(model.diffusion_model, "", f"{stem}/unet")
+        tensors = init_module(model.diffusion_model, "", f"{stem}/unet")
+        return {bfl_name(key): value for key, value in tensors.items()}
 
     def sdxl_lora(self) -> Tensors:
         out = {}
@@ -146,9 +168,9 @@ class ArchModels:
         """PEFT names from ComfyUI's own diffusers map; q/k/v/mlp target slices of the fused weights."""
         shapes = self._flux_linears()
         out = {}
-        for name, target in self.flux_to_diffusers(FLUX_DIT).items():
+        for name, target in self.flux_to_diffusers(flux_dit()).items():
             in_blocks = name.startswith(("transformer_blocks.", "single_transformer_blocks."))
-            if not (in_blocks and name.endswith(".weight")):
+            if not (in_blocks and name.endswith(".weight")) or name.endswith(FLUX2_DIFFUSERS_NAMES):
                 continue
             key, (dim, _, size) = target if isinstance(target, tuple) else (target, (0, 0, None))
             if key.removesuffix(".weight") not in shapes:
@@ -174,6 +196,7 @@ class ArchModels:
             out.update({f"{module}.lora_A.weight": down, f"{module}.lora_B.weight": up,
                         f"{module}.lora_B.bias": bias})
         for key, param in self.flux.diffusion_model.state_dict().items():
+            key = bfl_name(key)
             if key.endswith("_norm.scale"):
                 shape = tuple(param.shape)
                 out[key] = torch.ones(shape, dtype=torch.float16) + uniform(f"{stem}/{key}", shape, 0.1)

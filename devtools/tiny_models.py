@@ -202,7 +202,7 @@ def init_module(module: torch.nn.Module, prefix: str, seed: str) -> dict[str, to
 
 def _init_param(module: torch.nn.Module, name: str, shape: tuple[int, ...], seed: str) -> torch.Tensor:
     """Norm weights and (RMSNorm) scales 1, biases 0, embeddings EMBEDDING_STD, others GAIN / sqrt(fan_in)."""
-    if name == "scale":  # comfy.ldm.flux.layers.RMSNorm
+    if name == "scale" or (isinstance(module, torch.nn.RMSNorm) and name == "weight"):  # Flux's RMSNorm
         return torch.ones(shape, dtype=torch.float16)
     if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) and name == "weight":
         return torch.ones(shape, dtype=torch.float16)
