@@ -384,10 +384,14 @@ def generate(
     else:
         todo = only
     builders: dict[str, object] = {}
-    fresh = {}
+    fresh, reused = {}, 0
     for rel in all_rels():
         if rel in todo:
             fresh[rel] = write_safetensors(out_dir / rel, *_builder(rel, builders).build(rel))
+        elif not (out_dir / rel).is_file():  # --only into a folder without the others
+            continue
+        else:
+            reused += 1
         size = (out_dir / rel).stat().st_size / 2**20
         print(f"{'generated' if rel in todo else 'reused   '} {rel} ({size:.1f} MiB)")
     if update_manifest:
@@ -398,7 +402,7 @@ def generate(
     elif bad := [rel for rel in todo if fresh[rel] != sums[rel]]:
         raise ModelDeterminismError(_determinism_message(bad, manifest))
     seconds = time.perf_counter() - start
-    print(f"{len(todo)} generated, {len(all_rels()) - len(todo)} reused in {out_dir} ({seconds:.1f} s)")
+    print(f"{len(todo)} generated, {reused} reused in {out_dir} ({seconds:.1f} s)")
 
 
 def _builder(rel: str, made: dict[str, object]):

@@ -1,0 +1,25 @@
+"""T1: the files built from ComfyUI's own classes regenerate, on the ComfyUI under test, to the sums in
+devtools/models.sha256: one manifest serves every tested version (0.33 renames Flux's RMSNorm weights
+and adds FluxParams fields and diffusers names that 0.3.75 does not have)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import devpaths
+import pytest
+import tiny_arch
+
+pytestmark = pytest.mark.t1
+
+
+def test_arch_files_regenerate_to_the_one_manifest(tmp_path):
+    rels = tiny_arch.all_rels()
+    command = [sys.executable, str(devpaths.ROOT / "devtools" / "tiny_models.py"), "--out", str(tmp_path),
+               "--only", *rels]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    version = devpaths.comfyui_version()
+    assert result.returncode == 0, f"on ComfyUI {version}:\n{result.stdout}\n{result.stderr}"
+    assert f"{len(rels)} generated" in result.stdout
+    assert all((tmp_path / rel).is_file() for rel in rels)
