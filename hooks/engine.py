@@ -11,6 +11,8 @@ Data flow (see docs/design-hook-engine.md)::
           RunPlan stored in model_options["transformer_options"][RUN_KEY]
     OUTER_SAMPLE wrapper: forward hooks installed on the plan's modules; removed in ``finally``
     CALC_COND_BATCH wrapper (each model evaluation):
+          multi-GPU (ComfyUI 0.33+, model_options["multigpu_clones"]): the plan is built for each
+          per-device copy of the model too and forward hooks go on its modules (RunPlan.cover)
           for each cond carrying claimed hooks: advance their keyframes with core's own
           HookKeyframeGroup.prepare_current_keyframe, record uuid -> per-hook strength
           (strength_model x keyframe strength), pass core a copy of the cond without those hooks,
@@ -25,7 +27,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +67,12 @@ class RunPlan:
 
     index: dict[Any, int]
     modules: dict[torch.nn.Module, ModuleDeltas]
+    build: Callable[[Any], dict[torch.nn.Module, ModuleDeltas]] | None = None  # the plan for another copy
+    covered: list = field(default_factory=list)  # the models (BaseModel) whose modules are in ``modules``
     current: dict[Any, list[float]] = field(default_factory=dict)
     groups: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     handles: list = field(default_factory=list)
+    installed: bool = False
 
     def call_for(self, uuids: Sequence[Any]) -> _Call | None:
         zeros = [0.0] * len(self.index)
@@ -76,11 +81,27 @@ class RunPlan:
 
     def install(self) -> None:
         self.handles = [m.register_forward_hook(_forward_hook) for m in self.modules]
+        self.installed = True
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        self.installed = False
+
+    def cover(self, patchers: Iterable[Any]) -> None:
+        """The same deltas on other copies of the model (ComfyUI's per-device multi-GPU clones).
+
+        ``modules`` is the engine's cached plan, so the copies' modules go into a new dict.
+        """
+        for patcher in patchers:
+            if any(patcher.model is model for model in self.covered):
+                continue
+            extra = self.build(patcher)
+            self.modules = {**self.modules, **extra}
+            self.covered.append(patcher.model)
+            if self.installed:
+                self.handles += [m.register_forward_hook(_forward_hook) for m in extra]
 
 
 def _forward_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
@@ -142,8 +163,10 @@ class HookEngine:
         refs = tuple(by_ref)
         rounding = model_options.get("transformer_options", {}).get(ROUNDING_KEY, "compute")
         modules = self._modules(patcher, refs, by_ref, rounding)
+        def build(other: Any) -> dict:
+            return self._modules(other, refs, by_ref, rounding)
         model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(
-            {ref: i for i, ref in enumerate(refs)}, modules)
+            {ref: i for i, ref in enumerate(refs)}, modules, build, [model])
         return claimed
 
     def for_core(self, model: torch.nn.Module, hook: Any) -> Any:
@@ -232,6 +255,9 @@ def calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_option
     run: RunPlan | None = transformer_options.get(RUN_KEY)
     if run is None:
         return executor(model, conds, x_in, timestep, model_options, *args, **kwargs)
+    clones = model_options.get("multigpu_clones")
+    if clones:
+        run.cover(clones.values())
     run.current = {}
     stripped = [None if cond is None else [_strip(run, c, timestep, transformer_options) for c in cond]
                 for cond in conds]
