@@ -156,7 +156,9 @@ def check_call(node: CallNode, path: tuple[str, ...], spec: MergeMethod | None =
                 raise RecipeError(where, f"is in {got} space but the other inputs are in {any_space} space")
             any_space = got
         elif ANY not in (wanted, got) and wanted != got:
-            raise RecipeError(where, f"expects a {wanted}-space input, got {got} ({label(arg)})")
+            hint = (' (a LoRA or another difference file: write merge_space="delta" on its model line)'
+                    if wanted == "delta" and isinstance(arg, ModelNode) else "")
+            raise RecipeError(where, f"expects a {wanted}-space input, got {got} ({label(arg)}){hint}")
     for name, value in node.kwargs:
         _check_kwarg(spec, name, value, path + (f"{spec.name}.{name}",))
     return (any_space or ANY) if spec.output == ANY else spec.output

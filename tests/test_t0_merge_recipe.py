@@ -68,7 +68,8 @@ def test_call_checks_name_params_types_and_spaces_with_paths(R):
         R.weighted_sum(a, b, alpha="x")
     with pytest.raises(R.RecipeError, match=r"entry 'IN00'"):
         R.weighted_sum(a, b, alpha={"IN00": True})
-    with pytest.raises(R.RecipeError, match=r"^add_difference.b: expects a delta-space input, got weight"):
+    with pytest.raises(R.RecipeError, match=r"^add_difference.b: expects a delta-space input, got weight "
+                                            r"\(model 'b'\) \(a LoRA .*: write merge_space=\"delta\" on its"):
         R.add_difference(a, b)
     with pytest.raises(R.RecipeError, match="takes 2 tensor inputs, got 1"):
         R.weighted_sum(a)
