@@ -97,3 +97,37 @@ def test_same_output_as_sdmecha(pack, sd_mecha, models, tmp_path, name, dtype):
         else:  # at most one fp16 rounding step apart
             step = torch.finfo(torch.float16).eps * expected.float().abs().clamp(min=2**-14)
             assert ((ours[key].float() - expected.float()).abs() <= step).all(), key
+
+
+def test_sdmecha_merges_our_written_recipe_text_to_our_output(pack, sd_mecha, tmp_path):
+    """The .mecha text Patchbay writes (``show``, the output's metadata) is read by sd-mecha as meant:
+    a block-weighted train difference merged by sd-mecha from that text equals Patchbay's merge."""
+    import yaml
+    from patchbay.merge import execute, io, mecha_text
+    from patchbay.merge import recipe as R
+
+    config = Path(sd_mecha.__path__[0]) / "extensions/builtin/model_configs/sd1-ldm.yaml"
+    unet = yaml.safe_load(config.read_text())["components"]["diffuser"]
+    paths = []
+    for index in range(3):  # cross-attention keys keep their 768 context width: detected as SD1.5
+        gen = torch.Generator().manual_seed(index)
+        tensors = {key: torch.randn([min(d, 3) if ".attn2.to_" not in key or i == 0 else d
+                                     for i, d in enumerate(meta["shape"])], generator=gen) * 0.1
+                   for key, meta in sorted(unet.items())}
+        paths.append(tmp_path / f"m{index}.safetensors")
+        save_file(tensors, str(paths[-1]))
+    a, b, c = (R.model(str(p)) for p in paths)
+    blocks = {"IN00": 0.2, "IN05": 0.9, "M00": 0.7, "OUT11": 0.1, "default": 0.5}
+    recipe = R.weighted_sum(a, R.add_difference(a, R.subtract(b, c), alpha=R.train_difference_mask(a, b, c)),
+                            alpha=blocks)
+    ours = tmp_path / "patchbay.safetensors"
+    execute.merge(recipe, ours, execute.MergeOptions(dtype="fp32", progress=False, fsync=False))
+    text = io.SafetensorsFile(ours).metadata["patchbay.recipe"]
+    assert text == mecha_text.dumps(recipe, arch="sd15") and "sd1-supermerger_blocks" in text
+    theirs = tmp_path / "sdmecha.safetensors"
+    sd_mecha.merge(sd_mecha.deserialize(text), output=theirs, merge_dtype=torch.float32,
+                   output_dtype=torch.float32, threads=1, tqdm=SilentProgress)
+    theirs_sd, ours_sd = load_file(str(theirs)), load_file(str(ours))
+    assert theirs_sd.keys() == ours_sd.keys() and len(ours_sd) == 686
+    for key, expected in theirs_sd.items():
+        torch.testing.assert_close(ours_sd[key], expected, rtol=0, atol=1e-6, msg=key)
