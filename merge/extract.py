@@ -25,7 +25,7 @@ import torch
 
 from . import io as mio
 from .context import KeyContext
-from .steps import compile_recipe, recipe_text
+from .steps import check_maps, compile_recipe, recipe_text
 from .stream import Evaluator
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -98,6 +98,7 @@ def extract_lora(recipe: object, out_path: str | Path,
         keys = dict.fromkeys(key for source in weights for key in source.keys())  # noqa: SIM118
         evaluator = Evaluator(graph, "overlap")
         report.arch = weights[0].arch
+        check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
         for key in keys:
             name = kohya_name(key)
             if name is None:

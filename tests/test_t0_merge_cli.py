@@ -277,7 +277,9 @@ def test_validate_resolves_every_block_map_against_the_models(cli, tmp_path, cap
     recipe = write_recipe(tmp_path, 'model "a.st"', 'model "b.st"', f"dict {entries}",
                           'merge "weighted_sum" &0 &1 alpha=&2')
     out = tmp_path / "out.safetensors"
-    for command in (["validate", str(recipe)], ["merge", str(recipe), str(out), "--no-progress"]):
+    commands = (["validate", str(recipe)], ["merge", str(recipe), str(out), "--no-progress"],
+                ["extract", str(recipe), str(out), "--rank", "1"])
+    for command in commands if message else commands[:2]:  # (a weighted sum is no delta to extract)
         status = cli.main(command)
         err = capsys.readouterr().err
         if message is None:
