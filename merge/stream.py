@@ -2,7 +2,9 @@
 
 ``Evaluator`` evaluates one key either on whole fp32 tensors or, for trees of elementwise methods,
 slice by slice through small reused fp32 buffers (cache-resident, no page faults, no full-size
-fp32 copies). When the intermediates of one key exceed the memory budget they are spilled to a
+fp32 copies). A param-space call given as a parameter is evaluated like a tensor input, in both
+modes. A method that raises on a key becomes a ``MethodError`` naming the key, the method and its
+parameters. When the intermediates of one key exceed the memory budget they are spilled to a
 temporary file next to the output and read back just before the method that needs them.
 """
 
@@ -54,12 +56,11 @@ class Evaluator:
                 self._spill_if_over(args)
         if self.spill is not None:
             args = [self.spill.load(a) if isinstance(a, SpillRef) else a for a in args]
-        scalars = {name: self.evaluate(v, leaves, ctx) if isinstance(v, Call) else self.graph.scalar(
-            v, ctx.key, ctx.arch) for name, v in step.kwargs.items()}
+        scalars = self._parameters(step, leaves, ctx)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         call_ctx = context_for(ctx, step)
-        if any(v is None for name, v in scalars.items() if isinstance(step.kwargs[name], Call)):
-            return tensors[0] if tensors else None  # a param-space input lacks the key: as a missing input
+        if scalars is None:  # a param-space parameter lacks the key: as for a missing weight input
+            return tensors[0] if tensors else None
         if len(tensors) < len(args) and not step.method.accepts_missing:
             args = [fill_missing(step, i, a, tensors) for i, a in enumerate(args)]
             if any(a is None for a in args):  # a weight input lacks the key: pass the first one through
@@ -70,6 +71,19 @@ class Evaluator:
         if self.shape_policy == "first" or len({len(s) for s in shapes}) > 1:
             return tensors[0]
         return merge_overlap(step, args, scalars, call_ctx)
+
+    def _parameters(self, step: Call, leaves: list, ctx: KeyContext) -> dict | None:
+        """The call's parameters for this key: scalars, resolved maps, and evaluated param-space calls
+        (``alpha=train_difference_mask(a, b, c)``); None when such a call has no value for the key."""
+        values = {}
+        for name, value in step.kwargs.items():
+            if isinstance(value, Call):
+                values[name] = self.evaluate(value, leaves, ctx)
+                if values[name] is None:
+                    return None
+            else:
+                values[name] = self.graph.scalar(value, ctx.key, ctx.arch)
+        return values
 
     def _spill_if_over(self, args: list) -> None:
         held = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type != "meta"]
