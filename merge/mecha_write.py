@@ -33,7 +33,7 @@ def dumps(root: Node, *, arch: str | None = None, compact: bool = False) -> str:
     ``dict`` lines. ``compact=True``: the shortest text Patchbay reads (no ``merge_space="weight"``,
     every map a ``dict`` line).
     """
-    writer = _Writer(compact, arch if arch in BLOCK_CONFIGS else _recipe_arch(root))
+    writer = _Writer(compact, arch if arch is not None else _recipe_arch(root))
     writer.emit(root)
     return "\n".join([VERSION, *writer.lines])
 
