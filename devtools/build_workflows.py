@@ -28,12 +28,14 @@ from typing import Any
 import devpaths
 from comfy_server import ComfyServer
 from frontend import HEADLESS_SETTINGS, Frontend
+from widget_layout import EXTENSION_WIDGETS
 
 SOURCES_DIR = devpaths.ROOT / "devtools" / "workflow_sources"
 TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: drawn above a node's pos
 GAP_X, GAP_Y, ORIGIN = 80, 40, (40.0, 60.0)
 SLOT_HEIGHT = 20  # LiteGraph.NODE_SLOT_HEIGHT
 LAYOUT_PASSES = 3
+LAYOUT_ROUNDS = 3  # lay out, load, export again while the frontend changes node sizes
 THUMBNAIL_WIDTH = 640
 ID_NAMESPACE = uuid.UUID("6f0d3c1e-2a57-4c7e-9a43-5b2f7a1d0c11")
 
@@ -140,9 +142,15 @@ def normalize(workflow: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _check_queues_source(name: str, source: dict[str, Any], output: dict[str, Any]) -> None:
-    """The frontend must queue exactly the source prompt (titles only where the source sets them)."""
+    """The frontend must queue exactly the source prompt (titles only where the source sets them).
+
+    Values of widgets that a frontend extension adds (PreviewAny's ``preview``, which frontend 1.32.9
+    sends and ComfyUI ignores) are left out of the comparison: which of them a frontend sends varies.
+    """
     def core(prompt: dict[str, Any]) -> dict[str, Any]:
-        return {nid: (node["class_type"], node["inputs"]) for nid, node in prompt.items()}
+        return {nid: (node["class_type"], {key: value for key, value in node["inputs"].items()
+                                           if key not in _extension_widget_names(node["class_type"])})
+                for nid, node in prompt.items()}
 
     if core(output) != core(source):
         diff = [nid for nid in sorted(set(source) | set(output), key=str)
@@ -156,6 +164,14 @@ def _check_queues_source(name: str, source: dict[str, Any], output: dict[str, An
             raise BuildError(f"{name}: node {nid} lost its title {title!r}")
 
 
+def _extension_widget_names(node_type: str) -> set[str]:
+    return {widget.name for versions in EXTENSION_WIDGETS.get(node_type, ()) for widget in versions}
+
+
+def _sizes(workflow: dict[str, Any]) -> dict[Any, list]:
+    return {node["id"]: node["size"] for node in workflow["nodes"]}
+
+
 def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str, Any]:
     """The UI-format workflow for one API-format source, built and checked by the frontend."""
     known = frontend.registered_node_types()
@@ -165,12 +181,16 @@ def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str
                          f"(see the server log) and are the type names right?")
     frontend.load_api_prompt(source, name)
     frontend.set_widget_values("control_after_generate", "fixed")
-    draft = normalize(layout(frontend.graph_to_prompt()["workflow"]), name)
-    frontend.load_workflow(draft, name)
-    errors = frontend.error_messages()
-    if errors:
-        raise BuildError(f"{name}: the frontend reported {errors} when loading the built workflow")
     result = frontend.graph_to_prompt()
+    for _ in range(LAYOUT_ROUNDS):  # a node loaded from a draft may take another size than in it
+        draft = normalize(layout(result["workflow"]), name)
+        frontend.load_workflow(draft, name)
+        errors = frontend.error_messages()
+        if errors:
+            raise BuildError(f"{name}: the frontend reported {errors} when loading the built workflow")
+        result = frontend.graph_to_prompt()
+        if _sizes(result["workflow"]) == _sizes(draft):
+            break
     _check_queues_source(name, source, result["output"])
     return normalize(result["workflow"], name)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,7 +32,13 @@ from typing import Any
 
 import devpaths
 
-__all__ = ["ComfyServer", "ComfyServerError", "ExecutionError", "HTTPStatusError", "RunResult", "free_port"]
+__all__ = ["ComfyServer", "ComfyServerError", "ExecutionError", "HTTPStatusError", "RunResult", "free_port",
+           "plain_log"]
+
+# ComfyUI 0.33 prints each logged line behind a coloured level tag ("\x1b[32m[INFO]\x1b[0m "), some
+# messages coloured too; 0.3.75 prints bare lines.
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+_LEVEL_TAG = re.compile(r"^\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ?", re.MULTILINE)
 
 
 class ComfyServerError(RuntimeError):
@@ -228,9 +235,10 @@ class ComfyServer:
 
     # -- logs ------------------------------------------------------------------------------------
 
-    def log_text(self) -> str:
-        """Everything ComfyUI has printed so far."""
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+    def log_text(self, *, raw: bool = False) -> str:
+        """Everything ComfyUI has printed so far, as ``plain_log`` gives it (``raw``: byte for byte)."""
+        text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        return text if raw else plain_log(text)
 
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_text().splitlines()[-lines:]
@@ -252,6 +260,20 @@ class ComfyServer:
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
         """GET ``path`` (e.g. ``/api/workflow_templates``) and decode the JSON answer."""
         return self._request("GET", path, timeout=timeout)
+
+    def frontend_version(self) -> str:
+        """The version of the frontend this server serves, e.g. ``"1.49.6"`` (workflow_api's ``frontend``).
+
+        ComfyUI 0.33 reports it in ``/system_stats``; 0.3.75 does not, and serves the
+        ``comfyui_frontend_package`` of the Python that started it (``sys.executable``, this one).
+        """
+        packages = self.get_json("/api/system_stats").get("system", {}).get("comfy_package_versions") or []
+        for package in packages:
+            if package.get("name") == "comfyui-frontend-package" and package.get("installed"):
+                return str(package["installed"])
+        import importlib.metadata
+
+        return importlib.metadata.version("comfyui_frontend_package")
 
     def object_info(self) -> dict[str, dict]:
         """``GET /object_info``: every node type's inputs and outputs, as the frontend sees them."""
@@ -301,6 +323,12 @@ class ComfyServer:
                     if isinstance(item, dict) and item.get("type") == "output" and "filename" in item:
                         files.append(self.output_dir / item.get("subfolder", "") / item["filename"])
         return files
+
+
+def plain_log(text: str) -> str:
+    """ComfyUI log text with colour codes and leading ``[INFO]``-style level tags removed, so one check
+    reads the lines of every version the same way."""
+    return _LEVEL_TAG.sub("", _ANSI_CODE.sub("", text))
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

@@ -38,10 +38,10 @@ def bundled_workflows() -> list[Path]:
     return sorted(devpaths.WORKFLOWS_DIR.glob("*.json"))
 
 
-def run_workflow(server: ComfyServer, path: Path, object_info: dict) -> RunResult:
+def run_workflow(server: ComfyServer, path: Path, object_info: dict, frontend: str) -> RunResult:
     """Convert one UI-format workflow and run it; conversion errors and missing files fail the row."""
     try:
-        prompt = workflow_to_prompt(json.loads(path.read_text()), object_info)
+        prompt = workflow_to_prompt(json.loads(path.read_text()), object_info, frontend=frontend)
     except (WorkflowConversionError, ValueError) as err:
         return RunResult(0.0, [], False, f"conversion failed: {err}")
     result = server.run(prompt)
@@ -79,14 +79,15 @@ def demo() -> int:
         return 1
     tiny_models.ensure_models(devpaths.models_dir())
     output = devpaths.output_dir()
-    log = output / "logs" / "demo-comfyui.log"
-    print(f"starting ComfyUI (log: {_short(log, devpaths.ROOT)}) ...", flush=True)
+    log = output / "logs" / f"demo-comfyui-{devpaths.comfyui_version()}.log"
+    version = devpaths.comfyui_version()
+    print(f"starting ComfyUI {version} (log: {_short(log, devpaths.ROOT)}) ...", flush=True)
     with ComfyServer(output, log_path=log) as server:
-        object_info = server.object_info()
+        object_info, frontend = server.object_info(), server.frontend_version()
         rows = []
         for path in workflows:
             print(f"running {path.name} ...", flush=True)
-            rows.append(Row(path.stem, run_workflow(server, path, object_info)))
+            rows.append(Row(path.stem, run_workflow(server, path, object_info, frontend)))
     print_table(rows, devpaths.ROOT)
     failed = [row.workflow for row in rows if not row.result.ok]
     print(f"\n{len(rows) - len(failed)}/{len(rows)} workflows ok; images in {_short(output, devpaths.ROOT)}/")
@@ -96,8 +97,9 @@ def demo() -> int:
 def serve(port: int) -> int:
     tiny_models.ensure_models(devpaths.models_dir())
     output = devpaths.output_dir()
-    log = output / "logs" / "serve-comfyui.log"
-    print(f"starting ComfyUI with {devpaths.PACK_NAME} (log: {_short(log, devpaths.ROOT)}) ...", flush=True)
+    log = output / "logs" / f"serve-comfyui-{devpaths.comfyui_version()}.log"
+    print(f"starting ComfyUI {devpaths.comfyui_version()} with {devpaths.PACK_NAME} "
+          f"(log: {_short(log, devpaths.ROOT)}) ...", flush=True)
     with ComfyServer(output, port=port, log_path=log) as server:
         templates = server.get_json("/api/workflow_templates").get(devpaths.PACK_NAME, [])
         print(f"\nComfyUI is running at {server.url}/")

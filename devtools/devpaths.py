@@ -8,6 +8,7 @@ package would shadow ComfyUI's ``nodes`` module.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +28,16 @@ def comfyui_dir() -> Path:
     if not (path / "main.py").is_file():
         raise RuntimeError(f"PATCHBAY_COMFYUI={value} holds no ComfyUI main.py; re-run devtools/env.sh.")
     return path
+
+
+def comfyui_version() -> str:
+    """The version of the ComfyUI in ``comfyui_dir()`` (its ``comfyui_version.py``, read, not imported)."""
+    source = comfyui_dir() / "comfyui_version.py"
+    found = re.search(r'__version__\s*=\s*"([^"]+)"', source.read_text()) if source.is_file() else None
+    if found is None:
+        raise RuntimeError(f"{source} gives no __version__: {comfyui_dir()} is not a ComfyUI that "
+                           "devtools/env.sh made; re-run devtools/env.sh.")
+    return found.group(1)
 
 
 def cache_dir() -> Path:

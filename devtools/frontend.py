@@ -5,7 +5,8 @@ Why: the bundled workflows must be what the frontend itself writes and reads, so
 live ComfyServer, not by a re-implementation. This module owns the browser details: Debian's
 ``/usr/bin/chromium`` (playwright never downloads a browser here), a fresh profile per session,
 the first-run popups kept out of the way, and the few ``window.app`` calls we rely on
-(frontend 1.32.9: ``loadGraphData``, ``loadApiJson``, ``graphToPrompt``, ``LiteGraph.registered_node_types``).
+(``loadGraphData``, ``loadApiJson``, ``graphToPrompt``, ``LiteGraph.registered_node_types``), which
+frontends 1.32.9 (ComfyUI 0.3.75) and 1.49.6 (ComfyUI 0.33) both have.
 """
 
 from __future__ import annotations

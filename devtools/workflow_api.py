@@ -3,8 +3,9 @@
 Why: the bundled ``workflows/*.json`` are UI-format files (what the frontend saves and the template
 browser opens), but the HTTP API (``POST /prompt``) takes the API format. The demo and the T2 tests
 run the workflows without a browser, so this module does what the frontend's ``graphToPrompt()``
-does (ComfyUI_frontend 1.32.9, ``executionUtil.ts`` and ``ExecutableNodeDTO``), given the server's
-``/object_info``. The T3 tests hold it to the real frontend's output.
+does (ComfyUI_frontend 1.32.9 and 1.49.6, ``executionUtil.ts`` and ``ExecutableNodeDTO``), given the
+server's ``/object_info`` and the frontend's version (the widget rules per version, V3 dynamic inputs
+included, are in devtools/widget_layout.py). The T3 tests hold it to the real frontend's output.
 
 What it reproduces: widget values mapped to input names in the frontend's widget order, including
 the frontend-only widgets that take a slot in ``widgets_values`` but are never sent
@@ -23,102 +24,35 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
+from widget_layout import (
+    DEFAULT_FRONTEND,
+    DYNAMIC_COMBO,
+    SEED_NAMES,
+    Widget,
+    input_slots,
+    ordered_inputs,
+    unsupported_types,
+    widget_layout,
+)
+
 __all__ = [
-    "FRONTEND_ONLY_TYPES", "Widget", "WorkflowConversionError", "input_slots", "process_dynamic_prompt",
-    "widget_layout", "workflow_to_prompt",
+    "DEFAULT_FRONTEND", "FRONTEND_ONLY_TYPES", "Widget", "WorkflowConversionError", "input_slots",
+    "process_dynamic_prompt", "widget_layout", "workflow_to_prompt",
 ]
 
 MODE_NEVER = 2  # "mute": not executed, not sent
 MODE_BYPASS = 4  # not executed; consumers get the node's matching input instead
 
 FRONTEND_ONLY_TYPES = frozenset({"Note", "MarkdownNote", "Reroute", "PrimitiveNode"})
-WIDGET_TYPES = frozenset({"INT", "FLOAT", "BOOLEAN", "STRING", "MARKDOWN", "COMBO", "IMAGEUPLOAD", "COLOR",
-                          "IMAGECOMPARE", "CHART", "GALLERIA", "TEXTAREA"})
-SEED_NAMES = ("seed", "noise_seed")
-UPLOAD_OPTIONS = ("image_upload", "video_upload", "animated_image_upload")
 # loadGraphData() renames these old types before it builds the graph.
 RENAMED_TYPES = {"T2IAdapterLoader": "ControlNetLoader", "ConditioningAverage ": "ConditioningAverage",
                  "SDV_img2vid_Conditioning": "SVD_img2vid_Conditioning", "Load3DAnimation": "Load3D",
                  "Preview3DAnimation": "Preview3D"}
-# Nodes whose widgets a frontend extension builds (3D viewer, webcam, auto-refreshing file list).
-UNSUPPORTED_TYPES = frozenset({"Load3D", "Preview3D", "SaveGLB", "WebcamCapture", "LoadImageOutput"})
+UNSUPPORTED_TYPES = unsupported_types(DEFAULT_FRONTEND)
 
 
 class WorkflowConversionError(ValueError):
     """The workflow cannot be converted; the message names the node and what to change."""
-
-
-class Widget(NamedTuple):
-    """One frontend widget: ``stored`` takes a ``widgets_values`` slot, ``api`` is sent to /prompt."""
-
-    name: str
-    kind: str
-    stored: bool = True
-    api: bool = True
-    default: Any = None
-    dynamic_prompts: bool = False
-
-
-EXTENSION_WIDGETS: dict[str, tuple[Widget, ...]] = {
-    "PreviewAny": (Widget("preview", "MARKDOWN", stored=False, api=True, default=""),),
-}
-
-
-# -- node definitions (/object_info) -----------------------------------------------------------------
-
-
-def _ordered_inputs(node_def: Mapping[str, Any]) -> list[tuple[str, str, dict]]:
-    """(name, type, options) for required then optional inputs, in ``input_order`` when given."""
-    order = node_def.get("input_order") or {}
-    out = []
-    for section in ("required", "optional"):
-        specs = (node_def.get("input") or {}).get(section) or {}
-        for name in order.get(section) or list(specs):
-            if name in specs:
-                spec = specs[name]
-                options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-                kind = "COMBO" if isinstance(spec[0], list) else str(spec[0])
-                out.append((name, kind, options))
-    return out
-
-
-def _is_widget(kind: str, options: Mapping[str, Any]) -> bool:
-    return kind in WIDGET_TYPES and not options.get("forceInput")
-
-
-def _input_widgets(name: str, kind: str, options: Mapping[str, Any]) -> list[Widget]:
-    widgets = [Widget(name, kind, default=options.get("default"),
-                      dynamic_prompts=bool(options.get("dynamicPrompts")))]
-    control = options.get("control_after_generate")
-    if kind == "INT" and (control if control is not None else name in SEED_NAMES):
-        control_name = control if isinstance(control, str) else "control_after_generate"
-        widgets.append(Widget(control_name, "combo", api=False, default="randomize"))
-    elif kind == "COMBO" and control:
-        widgets.append(Widget("control_after_generate", "combo", api=False, default="randomize"))
-        widgets.append(Widget("control_filter_list", "string", api=False, default=""))
-    return widgets
-
-
-def widget_layout(node_def: Mapping[str, Any]) -> list[Widget]:
-    """The widgets the frontend gives a node of this definition, in order."""
-    inputs = _ordered_inputs(node_def)
-    widgets = [w for name, kind, options in inputs if _is_widget(kind, options)
-               for w in _input_widgets(name, kind, options)]
-    required = (node_def.get("input") or {}).get("required") or {}
-    if any(kind == "COMBO" and name in required and any(options.get(o) for o in UPLOAD_OPTIONS)
-           for name, kind, options in inputs):
-        widgets.append(Widget("upload", "IMAGEUPLOAD", api=False, default="image"))
-    return widgets + list(EXTENSION_WIDGETS.get(node_def.get("name", ""), ()))
-
-
-def input_slots(node_def: Mapping[str, Any], widgets: list[Widget] | None = None) -> list[tuple[str, str]]:
-    """(name, type) of the input slots the frontend creates: sockets first, then one per widget input."""
-    widgets = widget_layout(node_def) if widgets is None else widgets
-    inputs = _ordered_inputs(node_def)
-    kinds = {name: kind for name, kind, _ in inputs}
-    sockets = [(name, kind) for name, kind, options in inputs if not _is_widget(kind, options)]
-    return sockets + [(w.name, kinds.get(w.name, w.kind)) for w in widgets
-                      if w.name in kinds or w.kind == "IMAGEUPLOAD"]
 
 
 # -- dynamic prompts ---------------------------------------------------------------------------------
@@ -194,19 +128,22 @@ class _Converter:
     """One conversion: the graph, its definitions, and the frontend's link resolution rules."""
 
     def __init__(self, workflow: Mapping[str, Any], object_info: Mapping[str, Any],
-                 frontend_only: Collection[str], rng: random.Random | None) -> None:
+                 frontend_only: Collection[str], rng: random.Random | None, frontend: str) -> None:
         if (workflow.get("definitions") or {}).get("subgraphs") or (workflow.get("extra") or {}).get(
                 "groupNodes"):
             raise WorkflowConversionError("subgraphs and group nodes are not supported by workflow_api; "
                                           "unpack them in the frontend (right click > Unpack) and save again")
         self.object_info = object_info
         self.frontend_only = frozenset(frontend_only)
+        self.frontend = frontend
+        self.unsupported = unsupported_types(frontend)
         self.rng = rng
         self.nodes = {node["id"]: self._checked(dict(node)) for node in workflow.get("nodes") or []}
         self.links = _links(workflow)
-        self.widgets = {nid: widget_layout(object_info[n["type"]]) for nid, n in self.nodes.items()
-                        if not self.is_virtual(n)}
-        self.values = {nid: self._widget_values(self.nodes[nid]) for nid in self.widgets}
+        self.widgets: dict[Any, list[Widget]] = {}
+        self.choices: dict[Any, dict[str, Any]] = {}
+        self.values = {nid: self._widget_values(node) for nid, node in self.nodes.items()
+                       if not self.is_virtual(node)}
         self._inputs: dict[Any, list[dict]] = {}
 
     def _checked(self, node: dict) -> dict:
@@ -218,7 +155,7 @@ class _Converter:
             raise WorkflowConversionError(
                 f"{_node_label(node)}: unknown node type {kind!r}: the server's /object_info has no such "
                 f"node; install the custom node pack that provides it (or fix the type name)")
-        if kind in UNSUPPORTED_TYPES:
+        if kind in self.unsupported:
             raise WorkflowConversionError(
                 f"{_node_label(node)}: its widgets are built by a frontend extension that workflow_api does "
                 f"not reproduce; queue this workflow from the browser instead")
@@ -230,20 +167,31 @@ class _Converter:
     # widgets ------------------------------------------------------------------------------------
 
     def _widget_values(self, node: Mapping[str, Any]) -> dict[str, Any]:
-        widgets = self.widgets[node["id"]]
+        """Values by widget name. A dynamic combo's value decides the widgets after it, so the layout is
+        redone with the values read until the combos' choices stop changing (once per nested level)."""
+        definition, choices = self.object_info[node["type"]], {}
+        while True:
+            widgets = widget_layout(definition, self.frontend, choices)
+            found = {w.name: v for w, v in self._pair(node, widgets, strict=False) if w.kind == DYNAMIC_COMBO}
+            if found == choices:
+                break
+            choices = found
+        self.widgets[node["id"]], self.choices[node["id"]] = widgets, choices
+        values = {w.name: v for w, v in self._pair(node, widgets, strict=True)}
+        return {w.name: values.get(w.name, w.default) for w in widgets}
+
+    def _pair(self, node: Mapping[str, Any], widgets: list[Widget], strict: bool) -> list[tuple[Widget, Any]]:
         stored = [w for w in widgets if w.stored]
         raw = node.get("widgets_values")
         if isinstance(raw, Mapping):  # some packs save {name: value}
-            values = {w.name: raw.get(w.name, w.default) for w in stored}
-        else:
-            raw = _migrate_force_inputs(self.object_info[node["type"]], widgets, list(raw or []))
-            if len(raw) != len(stored):
-                raise WorkflowConversionError(
-                    f"{_node_label(node)}: widgets_values has {len(raw)} values but the node has "
-                    f"{len(stored)} widgets {[w.name for w in stored]}; the workflow was saved with "
-                    f"another version of this node: open it in the frontend and save it again")
-            values = {w.name: v for w, v in zip(stored, raw, strict=True)}
-        return {w.name: values.get(w.name, w.default) for w in widgets}
+            return [(w, raw.get(w.name, w.default)) for w in stored]
+        raw = _migrate_force_inputs(self.object_info[node["type"]], widgets, list(raw or []))
+        if strict and len(raw) != len(stored):
+            raise WorkflowConversionError(
+                f"{_node_label(node)}: widgets_values has {len(raw)} values but the node has "
+                f"{len(stored)} widgets {[w.name for w in stored]}; the workflow was saved with "
+                f"another version of this node: open it in the frontend and save it again")
+        return list(zip(stored, raw, strict=False))
 
     def apply_primitives(self) -> None:
         """PrimitiveNode.applyToGraph: each target widget takes the primitive's value."""
@@ -269,7 +217,8 @@ class _Converter:
         saved = {entry.get("name"): entry for entry in node.get("inputs") or []}
         if self.is_virtual(node):
             return [dict(entry) for entry in node.get("inputs") or []]
-        live = input_slots(self.object_info[node["type"]], self.widgets[node["id"]])
+        live = input_slots(self.object_info[node["type"]], self.widgets[node["id"]], self.frontend,
+                           self.choices[node["id"]])
         names = {name for name, _ in live}
         slots = [{"name": name, "type": kind, "link": (saved.get(name) or {}).get("link")}
                  for name, kind in live]
@@ -393,7 +342,7 @@ def _valid(type_a: Any, type_b: Any) -> bool:
 def _migrate_force_inputs(node_def: Mapping[str, Any], widgets: list[Widget], values: list) -> list:
     """migrateWidgetsValues: old saves kept a value for forceInput inputs; drop those values."""
     names = {w.name for w in widgets}
-    inputs = [(name, kind, options) for name, kind, options in _ordered_inputs(node_def)
+    inputs = [(name, kind, options) for name, kind, options in ordered_inputs(node_def)
               if name in names or options.get("forceInput")]
     sizes = [2 if options.get("control_after_generate") or name in SEED_NAMES else 1
              for name, _, options in inputs]
@@ -409,6 +358,7 @@ def workflow_to_prompt(
     *,
     frontend_only: Collection[str] = FRONTEND_ONLY_TYPES,
     rng: random.Random | None = None,
+    frontend: str = DEFAULT_FRONTEND,
 ) -> dict[str, dict[str, Any]]:
     """The API prompt (``{node_id: {inputs, class_type, _meta}}``) the frontend would queue.
 
@@ -417,8 +367,10 @@ def workflow_to_prompt(
         object_info: the server's ``GET /object_info`` answer.
         frontend_only: node types that exist only in the browser and are never sent.
         rng: random source for ``{a|b}`` dynamic-prompt choices (default: unseeded).
+        frontend: the frontend version whose rules apply (``ComfyServer.frontend_version()``), e.g.
+            ``"1.49.6"`` with ComfyUI 0.33; the widget rules differ between versions (widget_layout.py).
 
     Raises:
         WorkflowConversionError: unknown node type, widget-count mismatch, broken link, subgraph.
     """
-    return _Converter(workflow, object_info, frontend_only, rng).prompt()
+    return _Converter(workflow, object_info, frontend_only, rng, frontend).prompt()

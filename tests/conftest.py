@@ -94,12 +94,23 @@ def pytest_runtest_logreport(report):
                 counts[report.outcome] = counts.get(report.outcome, 0) + 1
 
 
+def _comfyui_label() -> str:
+    try:
+        return f"ComfyUI {devpaths.comfyui_version()}"
+    except RuntimeError:  # T0 runs without a ComfyUI (PATCHBAY_COMFYUI unset)
+        return "no ComfyUI"
+
+
+def pytest_report_header(config):
+    return f"patchbay: {_comfyui_label()}"
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     line = ", ".join(
         f"{tier}: " + (" ".join(f"{n} {o}" for o, n in sorted(c.items())) or "none")
         for tier, c in _tier_outcomes.items()
     )
-    terminalreporter.write_line(f"tiers -> {line}")
+    terminalreporter.write_line(f"tiers on {_comfyui_label()} -> {line}")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -116,16 +127,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def comfy_server(models):
-    """ComfyUI 0.3.75 in a subprocess with this pack loaded (devtools/comfy_server.py), shared by T2 and T3.
+    """ComfyUI in a subprocess with this pack loaded (devtools/comfy_server.py), shared by T2 and T3.
 
-    Images go to output/, the server log to output/logs/test-comfyui.log; the frontend settings keep
-    first-run popups out of the browser tests' way.
+    Images go to output/, the server log to output/logs/test-comfyui-<version>.log; the frontend
+    settings keep first-run popups out of the browser tests' way.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
 
     output = devpaths.output_dir()
-    log = output / "logs" / "test-comfyui.log"
+    log = output / "logs" / f"test-comfyui-{devpaths.comfyui_version()}.log"
     with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS) as server:
         yield server
 
@@ -134,6 +145,12 @@ def comfy_server(models):
 def object_info(comfy_server) -> dict:
     """The live server's ``/object_info``."""
     return comfy_server.object_info()
+
+
+@pytest.fixture(scope="session")
+def frontend_version(comfy_server) -> str:
+    """The version of the frontend the live server serves (workflow_api's rules follow it)."""
+    return comfy_server.frontend_version()
 
 
 # ---- the repo root is a ComfyUI pack, not a test package -------------------------------------------

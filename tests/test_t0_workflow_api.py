@@ -38,7 +38,20 @@ OBJECT_INFO = {
     "Forced": _def("Forced", {"value": ["INT", {"forceInput": True}], "scale": ["FLOAT", {}]}, ["INT"]),
     "Listy": _def("Listy", {"values": ["COMBO", {"options": ["p", "q"], "multi_select": True}]}, ["STRING"]),
     "IntOut": _def("IntOut", {"value": ["INT", {}]}, ["INT"]),
+    # ComfyUI 0.33's V3 dynamic inputs, shaped as its /object_info gives them.
+    "Resize": _def("Resize", {
+        "input": ["COMFY_MATCHTYPE_V3", {"template": {"template_id": "t", "allowed_types": "IMAGE,MASK"}}],
+        "how": ["COMFY_DYNAMICCOMBO_V3", {"options": [
+            {"key": "size", "inputs": {"required": {"width": ["INT", {"default": 512}],
+                                                    "crop": ["COMBO", {"options": ["no", "center"]}]}}},
+            {"key": "factor", "inputs": {"required": {"factor": ["FLOAT", {"default": 1.0}]}}}]}],
+        "method": ["COMBO", {"options": ["lanczos", "area"]}],
+    }, ["IMAGE"]),
+    "Batch": _def("Batch", {"images": ["COMFY_AUTOGROW_V3", {"template": {
+        "input": {"required": {"image": ["IMAGE", {}]}}, "prefix": "image", "min": 1, "max": 50}}]},
+        ["IMAGE"]),
 }
+NEW_FRONTEND = "1.49.6"
 
 
 def node(nid, kind, widgets=None, inputs=(), outputs=(), mode=0, title=None):
@@ -119,6 +132,35 @@ def test_upload_button_is_stored_after_the_inputs_and_not_sent():
     upload = node(1, "Upload", ["cat.png", "t", "image"], outputs=[("IMAGE", "IMAGE", [])])
     prompt = convert(graph([upload], []))
     assert prompt["1"]["inputs"] == {"image": "cat.png", "tag": "t"}
+
+
+def test_v3_dynamic_inputs_on_the_newer_frontend():
+    assert [(w.name, w.stored, w.api) for w in wa.widget_layout(OBJECT_INFO["Resize"], NEW_FRONTEND)] == [
+        ("how", True, True), ("how.width", True, True), ("how.crop", True, True), ("method", True, True)]
+    assert wa.input_slots(OBJECT_INFO["Resize"], frontend=NEW_FRONTEND) == [
+        ("input", "IMAGE,MASK"), ("how.width", "INT"), ("how.crop", "COMBO"),
+        ("how", "COMFY_DYNAMICCOMBO_V3"), ("method", "COMBO")]
+    assert wa.input_slots(OBJECT_INFO["Batch"], frontend=NEW_FRONTEND) == [
+        ("images.image0", "IMAGE"), ("images.image1", "IMAGE")]
+
+
+def test_a_dynamic_combo_value_picks_the_widgets_after_it():
+    resize = node(2, "Resize", ["factor", 0.5, "area"], inputs=[("input", "IMAGE,MASK", 1)],
+                  outputs=[("IMAGE", "IMAGE", [2])])
+    batch = node(3, "Batch", None, inputs=[("images.image0", "IMAGE", 2), ("images.image1", "IMAGE", None)],
+                 outputs=[("IMAGE", "IMAGE", [])])
+    source = node(1, "IntOut", [1], outputs=[("INT", "INT", [1])])
+    links = [[1, 1, 0, 2, 0, "IMAGE"], [2, 2, 0, 3, 0, "IMAGE"]]
+    prompt = convert(graph([source, resize, batch], links), frontend=NEW_FRONTEND)
+    assert prompt["2"]["inputs"] == {"how": "factor", "how.factor": 0.5, "method": "area", "input": ["1", 0]}
+    assert prompt["3"]["inputs"] == {"images.image0": ["2", 0]}
+
+
+def test_extension_widgets_follow_the_frontend_version():
+    preview = _def("PreviewAny", {"source": ["*", {}]})
+    assert [(w.name, w.api) for w in wa.widget_layout(preview)] == [("preview", True)]
+    assert [(w.name, w.api) for w in wa.widget_layout(preview, NEW_FRONTEND)] == [
+        ("preview_text", False), ("preview_mode", False)]
 
 
 def test_sockets_come_before_widget_inputs():

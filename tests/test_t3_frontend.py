@@ -1,9 +1,11 @@
-"""T3: the real ComfyUI frontend (1.32.9) in headless Chromium, served by the T2 session's server.
+"""T3: the real ComfyUI frontend in headless Chromium, served by the T2 session's server.
 
+The frontend is the one the server's ComfyUI pins (1.32.9 with ComfyUI 0.3.75, 1.49.6 with 0.33).
 Every bundled workflow must load with no missing node type and no error toast or dialog; its
-screenshot goes to output/screenshots/. The frontend's own ``graphToPrompt()`` is the reference for
-devtools/workflow_api.py: on the bundled workflows, on a graph built here with every quirk the
-converter handles, and on the widget layout of every node type the server offers.
+screenshot goes to output/screenshots/<ComfyUI version>/. The frontend's own ``graphToPrompt()`` is
+the reference for devtools/workflow_api.py (run with that frontend's rules): on the bundled
+workflows, on a graph built here with every quirk the converter handles (V3 dynamic inputs too where
+the server has nodes with them), and on the widget layout of every node type the server offers.
 """
 
 from __future__ import annotations
@@ -45,13 +47,34 @@ QUIRK_GRAPH_JS = """async () => {
   const decode = add('VAEDecode', [1100, 0]); sampler.connect(0, decode, 0); ckpt.connect(2, decode, 1);
   decode.mode = 2;
   const save = add('SaveImage', [1300, 0]); decode.connect(0, save, 0);
-  add('LoadImage', [0, 400]);
+  add('LoadImage', [0, 400]).widgets[0].value = 'example.png';  // the input folder is empty
   add('Note', [0, 900]).widgets[0].value = 'a note';
   add('MarkdownNote', [300, 900]).widgets[0].value = '# notes are never sent';
   const group = new LiteGraph.LGraphGroup('A group'); group.pos = [-20, -60]; group.size = [700, 400];
   app.graph.add(group);
   return JSON.parse(JSON.stringify(await app.graphToPrompt()));
 }"""
+
+
+# Nodes with V3 dynamic inputs (ComfyUI 0.33 has them, 0.3.75 none): a matched-type socket, a dynamic
+# combo set to its second option, an autogrow list with a linked entry. Each is exported alone.
+V3_GRAPH_JS = """async () => {
+  app.graph.clear();
+  const add = (type, pos) => {
+    const node = LiteGraph.createNode(type); node.pos = pos; app.graph.add(node); return node;
+  };
+  const image = add('EmptyImage', [0, 0]);
+  const resize = add('ResizeImageMaskNode', [300, 0]);
+  image.connect(0, resize, resize.inputs.findIndex((i) => i.name === 'input'));
+  const kind = resize.widgets.find((w) => w.name === 'resize_type');
+  kind.value = kind.options.values[1]; kind.callback?.(kind.value);
+  const batch = add('BatchImagesNode', [700, 0]);
+  resize.connect(0, batch, batch.inputs.findIndex((i) => i.name === 'images.image0'));
+  const save = add('PreviewImage', [1000, 0]); batch.connect(0, save, 0);
+  return JSON.parse(JSON.stringify(await app.graphToPrompt()));
+}"""
+V3_NODES = ("ResizeImageMaskNode", "BatchImagesNode")
+V3_FROM_COMFYUI = (0, 33)
 
 
 @pytest.fixture(scope="module")
@@ -70,19 +93,38 @@ def test_bundled_workflow_loads_cleanly(frontend, path):
     assert frontend.error_messages() == [], f"{path.stem}: the frontend showed errors"
     assert frontend.nodes_with_errors() == [], f"{path.stem}: nodes flagged with errors"
     assert frontend.evaluate("() => app.graph.nodes.length") == len(workflow["nodes"])
-    shot = frontend.screenshot_graph(devpaths.output_dir() / "screenshots" / f"{path.stem}.png")
+    folder = devpaths.output_dir() / "screenshots" / devpaths.comfyui_version()
+    shot = frontend.screenshot_graph(folder / f"{path.stem}.png")
     assert shot.stat().st_size > 1000
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_converter_equals_frontend_graph_to_prompt(frontend, object_info, path):
+def test_converter_equals_frontend_graph_to_prompt(frontend, object_info, frontend_version, path):
     workflow = json.loads(path.read_text())
     frontend.load_workflow(workflow, path.stem)
     reference = frontend.graph_to_prompt()["output"]
-    assert wa.workflow_to_prompt(workflow, object_info) == reference
+    assert wa.workflow_to_prompt(workflow, object_info, frontend=frontend_version) == reference
 
 
-def test_converter_equals_frontend_on_every_quirk(frontend, object_info):
+def test_converter_equals_frontend_on_v3_dynamic_inputs(frontend, object_info, frontend_version):
+    version = devpaths.comfyui_version()
+    offered = [node_type for node_type in V3_NODES if node_type in object_info]
+    has_v3 = tuple(int(p) for p in version.split(".")[:2]) >= V3_FROM_COMFYUI
+    assert offered == (list(V3_NODES) if has_v3 else []), f"V3 nodes offered by ComfyUI {version}"
+    if not has_v3:  # 0.3.75 has no node with dynamic inputs; the rest of this tier still runs on it
+        return
+    exported = frontend.evaluate(V3_GRAPH_JS)
+    output = exported["output"]
+    resize = next(entry for entry in output.values() if entry["class_type"] == "ResizeImageMaskNode")
+    second = object_info["ResizeImageMaskNode"]["input"]["required"]["resize_type"][1]["options"][1]
+    assert resize["inputs"]["resize_type"] == second["key"]
+    assert {f"resize_type.{name}" for name in second["inputs"]["required"]} <= set(resize["inputs"])
+    batch = next(entry for entry in output.values() if entry["class_type"] == "BatchImagesNode")
+    assert "images.image0" in batch["inputs"]
+    _assert_converter_follows_the_round_trip(frontend, object_info, frontend_version, exported, "v3")
+
+
+def test_converter_equals_frontend_on_every_quirk(frontend, object_info, frontend_version):
     exported = frontend.evaluate(QUIRK_GRAPH_JS)
     output = exported["output"]
     classes = {entry["class_type"] for entry in output.values()}
@@ -92,23 +134,32 @@ def test_converter_equals_frontend_on_every_quirk(frontend, object_info):
     checkpoint = next(nid for nid, entry in output.items() if entry["class_type"] == "CheckpointLoaderSimple")
     assert sampler["inputs"]["model"] == [checkpoint, 0] and sampler["inputs"]["seed"] == 4242
     assert sampler["_meta"]["title"] == "Renamed sampler"
-    assert wa.workflow_to_prompt(exported["workflow"], object_info) == output
+    _assert_converter_follows_the_round_trip(frontend, object_info, frontend_version, exported, "quirks")
 
-    frontend.load_workflow(exported["workflow"], "quirks")  # saved and opened again
+
+def _assert_converter_follows_the_round_trip(frontend, object_info, frontend_version, exported, name):
+    """The converter gives the frontend's prompt from the exported workflow, and again after the
+    frontend saved and opened it (which must not change the prompt)."""
+    output = exported["output"]
+    assert wa.workflow_to_prompt(exported["workflow"], object_info, frontend=frontend_version) == output
+    frontend.load_workflow(exported["workflow"], name)
     again = frontend.graph_to_prompt()
     assert again["output"] == output
-    assert wa.workflow_to_prompt(again["workflow"], object_info) == output
+    assert wa.workflow_to_prompt(again["workflow"], object_info, frontend=frontend_version) == output
 
 
-def test_widget_layout_of_every_node_type_matches_the_frontend(frontend, object_info):
+def test_widget_layout_of_every_node_type_matches_the_frontend(frontend, object_info, frontend_version):
+    import widget_layout
+
     layouts = frontend.widget_layouts()
     assert not set(object_info) - set(layouts), "node types the frontend did not register"
     mismatched = {}
     for node_type, definition in object_info.items():
-        if node_type in wa.UNSUPPORTED_TYPES:
+        if node_type in widget_layout.unsupported_types(frontend_version):
             continue
-        ours = {"widgets": [[w.name, w.stored, w.api] for w in wa.widget_layout(definition)],
-                "inputs": [list(slot) for slot in wa.input_slots(definition)]}
+        widgets = wa.widget_layout(definition, frontend_version)
+        ours = {"widgets": [[w.name, w.stored, w.api] for w in widgets],
+                "inputs": [list(slot) for slot in wa.input_slots(definition, widgets, frontend_version)]}
         if ours != layouts[node_type]:
             mismatched[node_type] = {"frontend": layouts[node_type], "workflow_api": ours}
     assert not mismatched, json.dumps(mismatched, indent=1)[:3000]
@@ -123,19 +174,33 @@ def test_every_bundled_workflow_has_a_source():
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
-def test_builder_output_is_current_and_laid_out(frontend, source):
+def test_builder_output_is_current_and_laid_out(frontend, object_info, frontend_version, source):
+    """On the frontend the bundled file was built with (its ``extra.frontendVersion``) the builder
+    must give it byte for byte; on another it must give a workflow that queues the same prompt."""
     import build_workflows
 
     built = build_workflows.build_one(frontend, source.stem, json.loads(source.read_text()))
-    bundled = devpaths.WORKFLOWS_DIR / source.name
+    bundled_path = devpaths.WORKFLOWS_DIR / source.name
     if not source.name.startswith("_"):
-        assert json.loads(bundled.read_text()) == built, (
-            f"{bundled.name} is out of date: run 'python devtools/build_workflows.py {source.stem}'")
+        bundled = json.loads(bundled_path.read_text())
+        if bundled["extra"]["frontendVersion"] == frontend_version:
+            assert bundled == built, (
+                f"{bundled_path.name} is out of date: run 'python devtools/build_workflows.py {source.stem}'")
+        else:  # titles left out: an untitled node shows its display name, which ComfyUI may change
+            assert built["extra"]["frontendVersion"] == frontend_version
+            assert (_queued(wa.workflow_to_prompt(bundled, object_info, frontend=frontend_version))
+                    == _queued(wa.workflow_to_prompt(built, object_info, frontend=frontend_version))), (
+                f"{bundled_path.name} (built with frontend {bundled['extra']['frontendVersion']}) queues "
+                f"another prompt than a build with frontend {frontend_version}")
     boxes = {node["id"]: _box(node) for node in built["nodes"]}
     overlapping = [(a, b) for a in boxes for b in boxes if a < b and _overlap(boxes[a], boxes[b])]
     assert not overlapping, f"nodes overlap: {overlapping}"
     backwards = [(link[1], link[3]) for link in built["links"] if boxes[link[1]][2] > boxes[link[3]][0]]
     assert not backwards, f"links that run right to left: {backwards}"
+
+
+def _queued(prompt: dict) -> dict:
+    return {nid: (entry["class_type"], entry["inputs"]) for nid, entry in prompt.items()}
 
 
 def _box(node: dict) -> tuple[float, float, float, float]:
