@@ -138,7 +138,7 @@ def apply(step: Call, args: list, scalars: dict, ctx: KeyContext) -> Any:
     method and its scalar parameters (torch's overflow and convergence errors, a method's own checks)."""
     try:
         return step.method.fn(*args, **scalars, ctx=ctx)
-    except (RuntimeError, ValueError, TypeError, ArithmeticError, IndexError) as error:
+    except (RuntimeError, ValueError, TypeError, ArithmeticError, LookupError) as error:
         if isinstance(error, MethodError):
             raise
         given = ", ".join(f"{k}={v!r}" for k, v in scalars.items() if not isinstance(v, torch.Tensor))
