@@ -5,7 +5,7 @@ it cannot do is remember: a new CLIPTextEncode of the same prompt with the same 
 example after only a hook's *model* strength changed, which re-runs every node downstream of the
 hook) encodes everything again. Data flow::
 
-    enable (patcher/hook_engine.py): CLIP clone, its patcher upgraded; object patch
+    enable (hooks/enable.py): CLIP clone, its patcher upgraded; object patch
         cond_stage_model.encode_token_weights -> CachedEncode (ComfyUI installs it while the CLIP is
         loaded and restores the original on unload)
     encode_from_tokens(_scheduled) -> per range: patcher.patch_hooks(hooks at that keyframe)

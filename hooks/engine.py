@@ -115,8 +115,9 @@ def _forward_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) ->
 class HookEngine:
     """Per model family: parsed hooks, per-module plans and the dense-delta cache.
 
-    Shared by every clone of the patcher it was enabled on (``deepcopy`` returns the engine itself),
-    so a re-run with only a new seed finds everything parsed and planned.
+    A hook claimer of the Patchbay patcher (patcher.model_patcher.HookClaimer), shared by every clone
+    of the patcher it was enabled on, so a re-run with only a new seed finds everything parsed and
+    planned.
     """
 
     def __init__(self, cache_bytes: int = 2 << 30) -> None:
@@ -125,9 +126,6 @@ class HookEngine:
         self._plans: OrderedDict[tuple, dict] = OrderedDict()  # (model, hook ref ids) -> modules
         self.parses = 0
         self.plans_built = 0
-
-    def __deepcopy__(self, memo: dict) -> HookEngine:
-        return self
 
     def hook_patches(self, model: torch.nn.Module, hook: Any) -> HookPatches:
         per_model = self._patches.setdefault(hook.hook_ref, weakref.WeakKeyDictionary())
@@ -169,7 +167,7 @@ class HookEngine:
             {ref: i for i, ref in enumerate(refs)}, modules, build, [model])
         return claimed
 
-    def for_core(self, model: torch.nn.Module, hook: Any) -> Any:
+    def for_core(self, patcher: Any, hook: Any) -> Any:
         """``hook`` as core should register it when the engine does not run it.
 
         A LoRA hook gets its file parsed the way LoraLoader parses it (``convert_lora`` first): core's
@@ -179,7 +177,7 @@ class HookEngine:
         if hook.hook_type != comfy.hooks.EnumHookType.Weight or not hook.need_weight_init:
             return hook
         copy = hook.clone()
-        copy.weights, copy.need_weight_init = self.hook_patches(model, hook).patches, False
+        copy.weights, copy.need_weight_init = self.hook_patches(patcher.model, hook).patches, False
         return copy
 
     def _modules(self, patcher: Any, refs: tuple, by_ref: dict, rounding: str) -> dict:
@@ -235,7 +233,7 @@ def _name(hook: Any) -> str:
     return f"{type(hook).__name__}@{id(hook.hook_ref):x}"
 
 
-# ---- wrappers (registered by patcher/hook_engine.py under the key "patchbay.hooks") -------------------
+# ---- wrappers (registered by hooks/enable.py under the key "patchbay.hooks") ---------------------------
 
 def outer_sample_wrapper(executor, *args, **kwargs):
     run: RunPlan | None = executor.class_obj.model_options.get("transformer_options", {}).get(RUN_KEY)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..patcher import hook_engine
+from ..hooks import enable as fast_hooks
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -42,7 +42,7 @@ class PatchbayHookEngine:
             "optional": {
                 "clip": ("CLIP", {"tooltip": "Optional: put it before Set CLIP Hooks; prompts encoded "
                                              "with the same CLIP hooks and strengths are encoded once."}),
-                "rounding": (list(hook_engine.ROUNDINGS), {
+                "rounding": (list(fast_hooks.ROUNDINGS), {
                     "default": "compute",
                     "tooltip": "Only for weights stored in fp8/fp16/bf16. compute: the LoRA is added "
                                "in the compute dtype, the closest to an fp32 result (like LoraLoader "
@@ -55,8 +55,8 @@ class PatchbayHookEngine:
 
     def enable(self, model: ModelPatcher, cache_mb: float, clip: CLIP | None = None,
                rounding: str = "compute") -> tuple:
-        fast_clip = None if clip is None else hook_engine.enable_clip_cache(clip)
-        return hook_engine.enable_hook_engine(model, cache_mb, rounding), fast_clip
+        fast_clip = None if clip is None else fast_hooks.enable_clip_cache(clip)
+        return fast_hooks.enable_hook_engine(model, cache_mb, rounding), fast_clip
 
 
 NODES = [PatchbayHookEngine]

@@ -113,13 +113,13 @@ class Listener:
 
 
 class ListenerTable:
-    """``extras["events"]``: listeners per event and key. A clone gets its own table, same functions."""
+    """``PatchbayState.events``: listeners per event and key. A clone gets its own table, same functions."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Listener]] = {}
         self.seq = 0
 
-    def __deepcopy__(self, memo: dict) -> ListenerTable:
+    def copy(self) -> ListenerTable:
         copy = ListenerTable()
         copy.entries = {event: dict(keys) for event, keys in self.entries.items()}
         copy.seq = self.seq
@@ -142,8 +142,7 @@ def _resolve_event(name: str) -> str:
 
 def _table(model: ModelPatcher | None) -> ListenerTable | None:
     state = existing_state(model) if model is not None else None
-    table = state.extras.get("events") if state is not None else None
-    return table if isinstance(table, ListenerTable) else None
+    return None if state is None else state.events
 
 
 def _sync_dispatch(model: ModelPatcher) -> None:
@@ -167,7 +166,10 @@ def add_event_listener(model: ModelPatcher, event: str, key: str, fn: Callable[[
     name = _resolve_event(event)
     full_key = namespaced_key(key, verbatim=verbatim)
     check_signature(fn, EVENT_LISTENER_SHAPE, what=f"listener for {name!r}")
-    table = patchbay_state(model).extras.setdefault("events", ListenerTable())
+    state = patchbay_state(model)
+    if state.events is None:
+        state.events = ListenerTable()
+    table = state.events
     existing = table.entries.get(name, {}).get(full_key)
     if existing is not None and existing.fn is not fn and not replace:
         raise DuplicateKeyError(

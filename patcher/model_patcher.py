@@ -7,15 +7,16 @@ Data flow::
                      (the input is never changed); attachments["patchbay"] = PatchbayState
     clone(*args, **kwargs)  -> core's clone (it builds ``self.__class__``, so our class survives);
                                core copies the attachment through PatchbayState.on_model_patcher_clone
-    register_all_hook_patches -> with the hook engine enabled, WeightHooks it can run are claimed by
-                               it (forward-pass deltas) and only the rest reach core's registration
+    register_all_hook_patches -> each hook claimer in PatchbayState.claimers (set_hook_claimer: the
+                               keyed slot where, say, a forward-pass engine registers itself) takes
+                               the WeightHooks it runs; only the rest reach core's registration
     get_non_dynamic_delegate (ComfyUI with dynamic VRAM: CFGGuider swaps a dynamic patcher whose conds
                                carry hooks for a plain ModelPatcher reloaded from disk) -> the patcher
-                               itself while the hook engine runs its hooks (it never writes weights,
-                               so it needs no delegate); otherwise core's delegate, upgraded to our
-                               class, with the attachment (engine included) and wrappers carried over
+                               itself while its claimers run the hooks (they write no weights, so
+                               need no delegate); otherwise core's delegate, upgraded to our class,
+                               with the attachment (claimers included) and wrappers carried over
     load(...) (and every other weight operation: partially_unload, add_patches, add_hook_patches,
-    patch_hooks)            -> core's method, with PatchbayState.full_load applied and, for
+    patch_hooks)            -> core's method, with the state's full_load applied and, for
                                weight_patch_first, the object patches lifted off the model meanwhile
                                (see patcher/patch_order.py). Core's patch_model() and partially_load()
                                both reach load(), so one hook covers every path that loads weights.
@@ -26,42 +27,36 @@ argument to ``super()``, and only our own attachment is copied.
 
 from __future__ import annotations
 
-import copy
 import uuid
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import comfy.model_patcher
 from comfy.hooks import EnumHookType, EnumWeightTarget, HookGroup
 
 from .ordering import reorder_registered
 from .patch_order import FULL_LOAD_MODES, PATCH_ORDERS, PatchOrder, lifted_object_patches, resolve_full_load
+from .state import PatchbayState, existing_state, patchbay_state, require_model
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
-ATTACHMENT_KEY = "patchbay"
-HOOK_ENGINE_KEY = "hook_engine"  # PatchbayState.extras key of the hook engine (patcher/hook_engine.py)
-
-__all__ = ["FULL_LOAD_MODES", "PATCH_ORDERS", "DynamicHookError", "PatchbayModelPatcher",
-           "PatchbayPatcherMixin", "PatchbayState", "is_upgraded", "set_patch_order", "upgrade"]
+__all__ = ["FULL_LOAD_MODES", "PATCH_ORDERS", "DynamicHookError", "HookClaimer", "PatchbayModelPatcher",
+           "PatchbayPatcherMixin", "hook_claimer", "is_upgraded", "set_hook_claimer", "set_patch_order",
+           "upgrade"]
 
 
-@dataclass
-class PatchbayState:
-    """Everything Patchbay keeps per patcher; copied (not shared) on every clone.
+class HookClaimer(Protocol):
+    """Something that runs some WeightHooks itself, so core never registers them as hook patches."""
 
-    ``extras`` is a namespaced dict for the other parts of the pack (registry metadata, event and
-    trace settings, the hook engine's handles): ``{"registry": ..., "trace": ...}``.
-    """
+    def claim(self, patcher: ModelPatcher, hooks: HookGroup, model_options: dict) -> list[Any]:
+        """The hooks of ``hooks`` it runs in this sampling run (set up in ``model_options``)."""
 
-    patch_order: str = "object_patch_first"
-    full_load: str = "auto"
-    extras: dict[str, Any] = field(default_factory=dict)
+    def for_core(self, patcher: ModelPatcher, hook: Any) -> Any:
+        """``hook`` as core should register it, for the hooks it leaves to core."""
 
-    def on_model_patcher_clone(self) -> PatchbayState:
-        return PatchbayState(self.patch_order, self.full_load, copy.deepcopy(self.extras))
+    def runs_hooks_on(self, patcher: ModelPatcher) -> bool:
+        """Whether it claims hooks on ``patcher`` at all (if not, core needs a non-dynamic delegate)."""
 
 
 class PatchbayPatcherMixin:
@@ -76,30 +71,26 @@ class PatchbayPatcherMixin:
     def add_wrapper_with_key(self, wrapper_type, key, wrapper, *args, **kwargs):
         """Core's method, then registry priorities re-applied (so they hold for other packs' keys too)."""
         super().add_wrapper_with_key(wrapper_type, key, wrapper, *args, **kwargs)
-        reorder_registered(self, self.get_attachment(ATTACHMENT_KEY), "wrapper", wrapper_type)
+        reorder_registered(self, existing_state(self), "wrapper", wrapper_type)
 
     def add_callback_with_key(self, call_type, key, callback, *args, **kwargs):
         """Core's method, then registry priorities re-applied (see patcher/registry.py)."""
         super().add_callback_with_key(call_type, key, callback, *args, **kwargs)
-        reorder_registered(self, self.get_attachment(ATTACHMENT_KEY), "callback", call_type)
+        reorder_registered(self, existing_state(self), "callback", call_type)
 
     @property
     def patchbay(self) -> PatchbayState:
-        state = self.get_attachment(ATTACHMENT_KEY)
-        if state is None:
-            state = PatchbayState()
-            self.set_attachments(ATTACHMENT_KEY, state)
-        return state
+        return patchbay_state(self)
 
     def _own_modules(self) -> AbstractContextManager:
         """For weight_patch_first: the model's own modules in place of installed object patches."""
-        if self.patchbay.patch_order != "weight_patch_first":
+        if not self.patchbay.order.weights_first:
             return nullcontext()
         return lifted_object_patches(self.model, self.object_patches_backup)
 
     def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False,
              *args, **kwargs):
-        full_load = resolve_full_load(self.patchbay.full_load, full_load)
+        full_load = resolve_full_load(self.patchbay.order.full_load, full_load)
         with self._own_modules():
             return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load,
                                 *args, **kwargs)
@@ -123,12 +114,12 @@ class PatchbayPatcherMixin:
     def get_non_dynamic_delegate(self, *args, **kwargs):
         """Under dynamic VRAM (ComfyUI 0.33+), what CFGGuider samples with when the conds carry hooks.
 
-        Core reloads the checkpoint as a plain ModelPatcher, because its hook path rewrites weights. The
-        hook engine does not: with it enabled (and able to run hooks on this model), the dynamic patcher
-        itself stays in use, with no second model load. Otherwise the delegate keeps Patchbay's class.
+        Core reloads the checkpoint as a plain ModelPatcher, because its hook path rewrites weights. A
+        hook claimer (the hook engine) does not: while the claimers run hooks on this model, the dynamic
+        patcher itself stays in use, with no second model load. Otherwise the delegate keeps our class.
         """
-        engine = self.patchbay.extras.get(HOOK_ENGINE_KEY)
-        if engine is not None and engine.runs_hooks_on(self):
+        claimers = self.patchbay.claimers.values()
+        if claimers and all(claimer.runs_hooks_on(self) for claimer in claimers):
             return self
         delegate = super().get_non_dynamic_delegate(*args, **kwargs)
         delegate.__class__ = patchbay_class_for(type(delegate))
@@ -136,20 +127,25 @@ class PatchbayPatcherMixin:
 
     def register_all_hook_patches(self, hooks, target_dict, model_options=None, registered=None,
                                   *args, **kwargs):
-        """Core's registration, less the WeightHooks the hook engine runs (see patcher/hook_engine.py).
+        """Core's registration, less the WeightHooks that the hook claimers run.
 
         Claimed hooks are added to ``registered`` (so core keeps them on the conds) but never become
         hook patches: no weight is swapped for them and ``patches_uuid`` is left alone.
         """
-        engine = self.patchbay.extras.get(HOOK_ENGINE_KEY)
-        if engine is None or model_options is None or target_dict.get("target") == EnumWeightTarget.Clip:
+        claimers = list(self.patchbay.claimers.values())
+        if not claimers or model_options is None or target_dict.get("target") == EnumWeightTarget.Clip:
             return super().register_all_hook_patches(hooks, target_dict, model_options, registered,
                                                      *args, **kwargs)
-        claimed = engine.claim(self, hooks, model_options)
-        rest = HookGroup()
-        for hook in hooks.hooks:
-            if hook not in claimed:
-                rest.add(engine.for_core(self.model, hook))
+        claimed: list = []
+        rest = hooks
+        for claimer in claimers:
+            mine = claimer.claim(self, rest, model_options)
+            claimed += mine
+            left = HookGroup()
+            for hook in rest.hooks:
+                if hook not in mine:
+                    left.add(claimer.for_core(self, hook))
+            rest = left
         if _is_dynamic(self) and rest.get_type(EnumHookType.Weight):
             raise DynamicHookError(
                 f"{len(rest.get_type(EnumHookType.Weight))} weight hook(s) cannot run on Patchbay's hook "
@@ -198,12 +194,7 @@ def upgrade(model: ModelPatcher) -> ModelPatcher:
 
     Already-upgraded models are cloned too, so callers may always change the result freely.
     """
-    if not isinstance(model, comfy.model_patcher.ModelPatcher):
-        raise TypeError(
-            f"expected a MODEL (comfy ModelPatcher), got {type(model).__name__}; "
-            "connect the MODEL output of a loader node."
-        )
-    clone = model.clone()
+    clone = require_model(model).clone()
     clone.__class__ = patchbay_class_for(type(clone))
     _ = clone.patchbay  # create the attachment
     return clone
@@ -221,9 +212,30 @@ def set_patch_order(model: ModelPatcher, patch_order: str = "weight_patch_first"
     does), so a model that is already loaded is re-patched in the new order on its next load.
     """
     wanted = PatchOrder(patch_order, full_load)
-    previous = model.patchbay if is_upgraded(model) else PatchbayState()
+    previous = existing_state(require_model(model))
     clone = upgrade(model)
-    clone.patchbay.patch_order, clone.patchbay.full_load = wanted.patch_order, wanted.full_load
-    if (previous.patch_order, previous.full_load) != (wanted.patch_order, wanted.full_load):
+    clone.patchbay.order = wanted
+    if (previous.order if previous is not None else PatchOrder()) != wanted:
         clone.patches_uuid = uuid.uuid4()
     return clone
+
+
+def set_hook_claimer(model: ModelPatcher, key: str, claimer: HookClaimer | None) -> None:
+    """Put ``claimer`` in ``model``'s keyed slot for hook claimers (None empties the slot).
+
+    ``model`` must be a Patchbay patcher (``upgrade`` returns one); it is changed in place, so call it
+    on a clone you own. Later clones share the claimer object.
+    """
+    if not is_upgraded(require_model(model)):
+        raise TypeError(f"hook claimers need a Patchbay patcher, got {type(model).__name__}; "
+                        "pass upgrade(model) (a clone) instead.")
+    if claimer is None:
+        model.patchbay.claimers.pop(key, None)
+    else:
+        model.patchbay.claimers[key] = claimer
+
+
+def hook_claimer(model: ModelPatcher, key: str) -> HookClaimer | None:
+    """The claimer in ``model``'s slot ``key``, or None (also for a plain ModelPatcher)."""
+    state = existing_state(require_model(model))
+    return None if state is None else state.claimers.get(key)

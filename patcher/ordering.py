@@ -94,6 +94,9 @@ class RegistryMeta:
 
     priorities: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
+    def copy(self) -> RegistryMeta:
+        return RegistryMeta(dict(self.priorities))
+
     def priority(self, kind: str, type_: str, key: object) -> int:
         if not isinstance(key, str):
             return DEFAULT_PRIORITY
@@ -114,12 +117,12 @@ class RegistryMeta:
 
 
 def reorder_registered(model: Any, state: Any, kind: str, type_: str) -> bool:
-    """Re-apply the registry priorities kept in ``state.extras["registry"]`` to one type of ``model``.
+    """Re-apply the registry priorities kept in ``state.registry`` to one type of ``model``.
 
-    Duck-typed (``state.extras``, ``model.wrappers``/``model.callbacks``) so that the ModelPatcher
+    Duck-typed (``state.registry``, ``model.wrappers``/``model.callbacks``) so that the ModelPatcher
     subclass can call it after core's ``add_wrapper_with_key`` without importing the registry.
     """
-    meta = getattr(state, "extras", {}).get("registry")
+    meta = getattr(state, "registry", None)
     if not isinstance(meta, RegistryMeta):
         return False
     store = model.wrappers if kind == "wrapper" else model.callbacks

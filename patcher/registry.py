@@ -4,7 +4,7 @@ Everything is stored where ComfyUI keeps it, so other packs see ours and we see 
 
     add_wrapper(model, "predict_noise", "blur", fn, priority=10)
       -> model.wrappers["predict_noise"]["patchbay.blur"] = [fn]   (core's own dict, re-ordered)
-      -> attachment "patchbay": extras["registry"].priorities[
+      -> attachment "patchbay": PatchbayState.registry.priorities[
              ("wrapper", "predict_noise", "patchbay.blur")] = 10
 
 - Types: the values of comfy.patcher_extension.WrappersMP / CallbacksMP ("predict_noise") or their
@@ -23,7 +23,6 @@ clone you own (``upgrade(model)`` returns one).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,10 +31,9 @@ from typing import TYPE_CHECKING, Any
 import comfy.patcher_extension
 
 from .errors import DuplicateKeyError, UnknownCallbackTypeError, UnknownWrapperTypeError
-from .model_patcher import ATTACHMENT_KEY
 from .ordering import DEFAULT_PRIORITY, did_you_mean, namespaced_key
 from .signatures import CALLBACK_SHAPES, WRAPPER_SHAPES, check_signature
-from .state import existing_state, registry_meta, require_model
+from .state import ATTACHMENT_KEY, existing_state, patchbay_state, require_model
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -160,7 +158,7 @@ def _add(model: ModelPatcher, kind: str, type_name: str, key: str, fn: Callable,
             f"{kind} key {full_key!r} of type {type_!r} already holds {existing!r}; use {setter}(...) to "
             f"replace it, or remove_{kind}(model, {type_!r}, {key!r}) first."
         )
-    meta = registry_meta(model)
+    meta = patchbay_state(model).registry
     meta.priorities[(kind, type_, full_key)] = priority
     if replace or not existing:
         _remove(model, kind, type_, full_key)
@@ -200,8 +198,9 @@ def _remove_key(model: ModelPatcher, kind: str, type_name: str, key: str, verbat
     model = require_model(model)
     type_ = resolve_type(kind, type_name)
     full_key = namespaced_key(key, verbatim=verbatim)
-    if existing_state(model) is not None:
-        registry_meta(model).priorities.pop((kind, type_, full_key), None)
+    state = existing_state(model)
+    if state is not None:
+        state.registry.priorities.pop((kind, type_, full_key), None)
     return _remove(model, kind, type_, full_key)
 
 
@@ -247,7 +246,7 @@ def registrations(model: ModelPatcher, kind: str | None = None, type: str | None
     if kind not in (None, WRAPPER, CALLBACK):
         raise ValueError(f"kind {kind!r} is neither {WRAPPER!r} nor {CALLBACK!r} (or None for both)")
     state = existing_state(model)
-    meta = state.extras.get("registry") if state is not None else None
+    meta = state.registry if state is not None else None
     out: list[Registration] = []
     for k in (WRAPPER, CALLBACK) if kind is None else (kind,):
         types = set(_store(model, k)) | set(_options_store(model, k))
@@ -294,7 +293,7 @@ def scope(model: ModelPatcher) -> Iterator[ModelPatcher]:
     """Undo every wrapper, callback, priority and event listener change made inside the block.
 
     Restores core's dicts in place (also ``model_options["transformer_options"]`` ones) and the
-    Patchbay attachment's ``extras`` as they were; meant for tests and temporary instrumentation.
+    Patchbay attachment's fields as they were; meant for tests and temporary instrumentation.
     """
     model = require_model(model)
     options = model.model_options.setdefault("transformer_options", {})
@@ -303,7 +302,7 @@ def scope(model: ModelPatcher) -> Iterator[ModelPatcher]:
               options.setdefault("callbacks", {})]
     saved = [_snapshot_store(store) for store in stores]
     state = existing_state(model)
-    saved_extras = copy.deepcopy(state.extras) if state is not None else None
+    saved_state = state.on_model_patcher_clone() if state is not None else None
     try:
         yield model
     finally:
@@ -316,6 +315,4 @@ def scope(model: ModelPatcher) -> Iterator[ModelPatcher]:
             model.remove_attachments(ATTACHMENT_KEY)
         else:
             model.set_attachments(ATTACHMENT_KEY, state)
-            if saved_extras is not None:
-                state.extras.clear()
-                state.extras.update(saved_extras)
+            state.restore(saved_state)

@@ -1,31 +1,70 @@
 """Patchbay's per-patcher state on any ModelPatcher, also plain ones that were never upgraded.
 
-The registry, step events and tracing keep their data in the "patchbay" attachment
-(``PatchbayState.extras``), which core copies on every clone through ``on_model_patcher_clone``.
+Data flow::
+
+    any ModelPatcher --patchbay_state(model)--> attachments["patchbay"]: PatchbayState (made on first use)
+    core's clone() --PatchbayState.on_model_patcher_clone--> the clone's own state, field by field,
+                   each by the clone policy written next to the field
+    require_model(x) -> x, or NotAModelError naming what to connect (the one "is this a MODEL" check)
+
+The fields belong to the other modules of the package: ``order`` to patch_order.py (read by
+model_patcher.py), ``registry`` to registry.py, ``events`` to events.py, ``claimers`` to whoever claims
+weight hooks at registration (the hook engine, hooks/enable.py, through ``set_hook_claimer``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import comfy.model_patcher
 
 from .errors import NotAModelError
-from .model_patcher import ATTACHMENT_KEY, PatchbayState
 from .ordering import RegistryMeta
+from .patch_order import PatchOrder
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
-__all__ = ["existing_state", "patchbay_state", "registry_meta", "require_model"]
+    from .events import ListenerTable
+
+__all__ = ["ATTACHMENT_KEY", "PatchbayState", "existing_state", "patchbay_state", "require_model"]
+
+ATTACHMENT_KEY = "patchbay"
+
+
+@dataclass
+class PatchbayState:
+    """Everything Patchbay keeps per patcher; a clone gets what each field's policy says."""
+
+    order: PatchOrder = PatchOrder()
+    """clone: the same value (immutable, validated when it is made)."""
+    registry: RegistryMeta = field(default_factory=RegistryMeta)
+    """clone: a copy, so a clone's priorities change without touching its source's."""
+    events: ListenerTable | None = None
+    """clone: a copy of the table, holding the same listener functions (None: no listener yet)."""
+    claimers: dict[str, Any] = field(default_factory=dict)
+    """clone: the same claimer objects in a new dict; a claimer's caches serve every clone."""
+
+    def on_model_patcher_clone(self) -> PatchbayState:
+        """Called by core's ``ModelPatcher.clone`` for every attachment that has it."""
+        return PatchbayState(order=self.order, registry=self.registry.copy(),
+                             events=None if self.events is None else self.events.copy(),
+                             claimers=dict(self.claimers))
+
+    def restore(self, saved: PatchbayState) -> None:
+        """Take every field from ``saved`` (a clone of this state made earlier), in place."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(saved, f.name))
 
 
 def require_model(model: object) -> ModelPatcher:
     """``model`` if it is a ComfyUI ModelPatcher (the MODEL type), else NotAModelError saying what to pass."""
     if not isinstance(model, comfy.model_patcher.ModelPatcher):
         raise NotAModelError(
-            f"expected a MODEL (comfy ModelPatcher), got {type(model).__name__}; pass the MODEL a loader "
-            "node returns (or a clone of it)."
+            f"expected a MODEL (comfy ModelPatcher), got {type(model).__name__}; connect the MODEL output "
+            "of a loader node (or pass a clone of one)."
         )
     return model
 
@@ -46,8 +85,3 @@ def patchbay_state(model: ModelPatcher) -> PatchbayState:
         state = PatchbayState()
         model.set_attachments(ATTACHMENT_KEY, state)
     return state
-
-
-def registry_meta(model: ModelPatcher) -> RegistryMeta:
-    """``extras["registry"]``: the priorities of the keys patcher/registry.py registered."""
-    return patchbay_state(model).extras.setdefault("registry", RegistryMeta())

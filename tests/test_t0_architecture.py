@@ -1,7 +1,7 @@
 """T0: the dependency arrows of ../shared/STYLE.md, relative imports and no monkeypatching.
 
     __init__ -> nodes -> {hooks, patcher, merge} -> comfy
-    patcher -> hooks (allowed)      hooks -X-> patcher, merge, nodes
+    hooks -> patcher (allowed)      patcher -X-> hooks, merge, nodes
     merge   -X-> nodes, hooks, patcher, comfy, folder_paths
     folder_paths, server and core `nodes` are imported only from nodes/
 """
@@ -20,8 +20,8 @@ PACKAGES = ("nodes", "hooks", "patcher", "merge")
 COMFY_TOP = {"comfy", "comfy_extras", "comfy_api", "comfy_execution", "folder_paths", "server", "nodes",
              "node_helpers", "latent_preview", "execution", "app"}
 FORBIDDEN = {
-    "hooks": {"nodes", "patcher", "merge", "folder_paths", "server", "core nodes"},
-    "patcher": {"nodes", "merge", "folder_paths", "server", "core nodes"},
+    "hooks": {"nodes", "merge", "folder_paths", "server", "core nodes"},
+    "patcher": {"nodes", "hooks", "merge", "folder_paths", "server", "core nodes"},
     "merge": {"nodes", "hooks", "patcher", "comfy", "comfy_extras", "comfy_api", "folder_paths", "server",
               "core nodes"},
 }
@@ -122,9 +122,15 @@ def test_root_init_only_exports_mappings():
 
 
 def test_architecture_checker_catches_a_forbidden_import(tmp_path):
-    """The checker itself works: a fake hooks/ module importing ..nodes and folder_paths is reported."""
+    """The checker itself works: a fake hooks/ module importing ..nodes and folder_paths is reported,
+    and so is a patcher/ module that names the hook engine (``..hooks``)."""
     (tmp_path / "hooks").mkdir()
     bad = tmp_path / "hooks" / "bad.py"
-    bad.write_text("from ..nodes import floats\nimport folder_paths\nfrom . import fine\n")
+    bad.write_text("from ..nodes import floats\nimport folder_paths\nfrom . import fine\n"
+                   "from ..patcher import registry\n")
     targets = {t for _, t in imported_targets(bad, root=tmp_path)}
     assert targets & FORBIDDEN["hooks"] == {"nodes", "folder_paths"}
+    (tmp_path / "patcher").mkdir()
+    engine_user = tmp_path / "patcher" / "bad.py"
+    engine_user.write_text("from ..hooks.engine import HookEngine\n")
+    assert {t for _, t in imported_targets(engine_user, root=tmp_path)} & FORBIDDEN["patcher"] == {"hooks"}

@@ -174,7 +174,7 @@ def scenario(request, comfy, models, pb):
 
     m = pb.model_patcher.upgrade(base)
     if request.param == "fast_hooks":
-        m = importlib.import_module(f"{comfy.pack.__name__}.patcher.hook_engine").enable_hook_engine(m)
+        m = importlib.import_module(f"{comfy.pack.__name__}.hooks.enable").enable_hook_engine(m)
     ade_like(m, counts, seen)
     group = acn_like(m, counts, seen)
     if request.param == "fast_hooks":

@@ -33,7 +33,7 @@ class Rig:
         self.left = self.encode("a red castle")
         self.right = self.encode("a green forest")
         (self.latent,) = self.n["EmptyLatentImage"]().generate(64, 64, 1)
-        self.engine_module = sys.modules[comfy.pack.__name__ + ".patcher.hook_engine"]
+        self.engine_module = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
 
     def encode(self, text):
         return self.n["CLIPTextEncode"]().encode(self.clip, text)[0]

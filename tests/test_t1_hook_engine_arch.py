@@ -24,7 +24,7 @@ LORA = {"sdxl": arch_sampling.SDXL_LORAS[0], "flux": arch_sampling.FLUX_LORAS[0]
 
 @pytest.fixture(scope="module")
 def engine(comfy):
-    return sys.modules[comfy.pack.__name__ + ".patcher.hook_engine"]
+    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
 
 
 def sample(arch, model, positive=None, negative=None, hooks=None):

@@ -28,7 +28,7 @@ def env(comfy):
     pos, neg = encode(clip, "a knight in armor")[0], encode(clip, "blurry")[0]
     hooked = [props.set_properties(c, 1.0, "default", hooks=hooks)[0] for c in (pos, neg)]
     (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
-    he = sys.modules[comfy.pack.__name__ + ".patcher.hook_engine"]
+    he = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
 
     def sample(model, conds):
         (out,) = n["KSampler"]().sample(model, 5, 3, 7.0, "euler", "normal", *conds, latent)

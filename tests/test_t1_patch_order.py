@@ -8,6 +8,7 @@ the cost of compiling (tests/test_t1_compile.py does the real thing).
 from __future__ import annotations
 
 import importlib
+from dataclasses import astuple
 
 import pytest
 import torch
@@ -157,11 +158,11 @@ def test_set_patch_order_leaves_the_input_alone(setup, mp):
     ours = mp.set_patch_order(lora, "weight_patch_first", "enabled")
     assert ours is not lora and mp.is_upgraded(ours) and not mp.is_upgraded(lora)
     assert (type(lora), lora.patches_uuid, dict(lora.attachments), dict(lora.object_patches)) == before
-    assert (ours.patchbay.patch_order, ours.patchbay.full_load) == ("weight_patch_first", "enabled")
+    assert astuple(ours.patchbay.order) == ("weight_patch_first", "enabled")
     assert ours.patches_uuid != lora.patches_uuid, "a changed order must re-patch a loaded model"
     again = mp.set_patch_order(ours, "weight_patch_first", "enabled")
     assert again.patches_uuid == ours.patches_uuid, "the same order must not force a reload"
-    assert again.clone().patchbay.patch_order == "weight_patch_first", "the order must survive clone()"
+    assert again.clone().patchbay.order.patch_order == "weight_patch_first", "the order must survive clone()"
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -178,7 +179,7 @@ def test_bad_options_name_the_allowed_values(comfy, setup, mp, args, message):
 def test_patch_order_node(comfy, setup):
     node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayPatchOrder"]()
     (out,) = node.patch(setup[1], "weight_patch_first", "disabled")
-    assert (out.patchbay.patch_order, out.patchbay.full_load) == ("weight_patch_first", "disabled")
+    assert astuple(out.patchbay.order) == ("weight_patch_first", "disabled")
     assert out.patches == setup[1].patches
     with pytest.raises(ValueError, match="full_load='always'"):
         node.patch(setup[1], "weight_patch_first", "always")

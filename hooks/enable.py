@@ -1,14 +1,16 @@
 """Turn the hook engine on for a MODEL: ComfyUI's hook objects then run as forward-pass deltas.
 
-Data flow::
+Data flow (nodes -> hooks -> patcher -> comfy)::
 
-    enable_hook_engine(model) -> upgrade() clone
-        extras["hook_engine"] = HookEngine (shared with the input's engine if it has one, so caches
-                                and plans survive re-running the node)
-        wrappers under "patchbay.hooks": OUTER_SAMPLE (forward hooks on/off), CALC_COND_BATCH (strip
-                                claimed hooks, advance keyframes), APPLY_MODEL (per-row strengths)
-    sampling: PatchbayPatcherMixin.register_all_hook_patches hands WeightHooks to HookEngine.claim;
-              hooks/engine.py does the rest.
+    enable_hook_engine(model) -> patcher.upgrade() clone
+        patcher.set_hook_claimer(clone, "hooks", HookEngine) (the engine of the input if it has one,
+                                so caches and plans survive re-running the node; clones share it)
+        patcher.registry wrappers under "patchbay.hooks": OUTER_SAMPLE (forward hooks on/off),
+                                CALC_COND_BATCH (strip claimed hooks, advance keyframes),
+                                APPLY_MODEL (per-row strengths)
+        transformer_options[ROUNDING_KEY] = rounding
+    sampling: the patcher's register_all_hook_patches asks its claimers (HookEngine.claim) which
+              WeightHooks they run; hooks/engine.py does the rest.
     enable_clip_cache(clip) -> CLIP clone with the object patch encode_token_weights -> CachedEncode
                                (hooks/clip_cache.py)
 """
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from comfy.patcher_extension import WrappersMP
-
-from ..hooks.clip_cache import CachedEncode
-from ..hooks.engine import (
+from ..patcher import registry
+from ..patcher.model_patcher import hook_claimer, set_hook_claimer, upgrade
+from .clip_cache import CachedEncode
+from .engine import (
     ROUNDING_KEY,
     ROUNDINGS,
     HookEngine,
@@ -28,7 +30,6 @@ from ..hooks.engine import (
     calc_cond_batch_wrapper,
     outer_sample_wrapper,
 )
-from .model_patcher import HOOK_ENGINE_KEY, is_upgraded, upgrade
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -39,15 +40,16 @@ __all__ = ["ROUNDINGS", "WRAPPER_KEY", "clip_cache_of", "enable_clip_cache", "en
 
 _ENCODE = "encode_token_weights"
 
-WRAPPER_KEY = "patchbay.hooks"
-_WRAPPERS = ((WrappersMP.OUTER_SAMPLE, outer_sample_wrapper),
-             (WrappersMP.CALC_COND_BATCH, calc_cond_batch_wrapper),
-             (WrappersMP.APPLY_MODEL, apply_model_wrapper))
+CLAIMER_KEY = "hooks"  # the engine's slot among the patcher's hook claimers
+WRAPPER_KEY = "patchbay.hooks"  # the registry key (patchbay.<name>) of its wrappers
+_WRAPPERS = (("outer_sample", outer_sample_wrapper), ("calc_cond_batch", calc_cond_batch_wrapper),
+             ("apply_model", apply_model_wrapper))
 
 
 def hook_engine_of(model: ModelPatcher) -> HookEngine | None:
     """The hook engine enabled on ``model``, or None."""
-    return model.patchbay.extras.get(HOOK_ENGINE_KEY) if is_upgraded(model) else None
+    engine = hook_claimer(model, CLAIMER_KEY)
+    return engine if isinstance(engine, HookEngine) else None
 
 
 def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0,
@@ -71,11 +73,10 @@ def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0,
         engine = HookEngine(int(cache_mb * 2**20))
     else:
         engine.cache.resize(int(cache_mb * 2**20))
-    clone.patchbay.extras[HOOK_ENGINE_KEY] = engine
+    set_hook_claimer(clone, CLAIMER_KEY, engine)
     clone.model_options.setdefault("transformer_options", {})[ROUNDING_KEY] = rounding
     for wrapper_type, fn in _WRAPPERS:
-        clone.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
-        clone.add_wrapper_with_key(wrapper_type, WRAPPER_KEY, fn)
+        registry.set_wrapper(clone, wrapper_type, WRAPPER_KEY, fn)
     return clone
 
 
