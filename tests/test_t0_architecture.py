@@ -92,24 +92,66 @@ def test_core_modules_only_from_nodes():
             assert target not in {"folder_paths", "server", "core nodes"}, f"{path}:{line} imports {target}"
 
 
-@pytest.mark.parametrize("path", pack_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_monkeypatching_of_comfy_or_torch(path):
-    for node in ast.walk(ast.parse(path.read_text())):
+PATCHED_TOPS = {"comfy", "comfy_extras", "comfy_api", "torch", "folder_paths", "nodes"}
+
+
+def monkeypatches(source: str) -> list[tuple[int, str]]:
+    """(line, target) of every assignment or ``setattr`` onto a ComfyUI or torch module or class,
+    also through a name an import bound to one (``import comfy.model_management as mm``,
+    ``from comfy import model_patcher``, ``import torch.nn.functional as F``)."""
+    tree = ast.parse(source)
+    aliases = set(PATCHED_TOPS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name.split(".")[0] in PATCHED_TOPS}
+        elif (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+              and node.module.split(".")[0] in PATCHED_TOPS):
+            aliases |= {a.asname or a.name for a in node.names}
+    found = []
+    for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else (
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         for target in targets:
-            root = target
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            if isinstance(target, ast.Attribute) and isinstance(root, ast.Name):
-                assert root.id not in {"comfy", "torch", "folder_paths", "nodes"}, (
-                    f"{path.name}:{node.lineno} assigns to {ast.unparse(target)}; use wrappers, callbacks, "
-                    "object patches or injections instead")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            if isinstance(target, ast.Attribute) and _root_name(target) in aliases:
+                found.append((node.lineno, ast.unparse(target)))
+        is_call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        if is_call and node.func.id in {"setattr", "delattr"}:
             first = node.args[0] if node.args else None
-            assert not (isinstance(first, (ast.Name, ast.Attribute))
-                        and ast.unparse(first).split(".")[0] in {"comfy", "torch"}), (
-                f"{path.name}:{node.lineno} setattr on a comfy/torch object")
+            if first is not None and _root_name(first) in aliases:
+                found.append((node.lineno, f"{node.func.id}({ast.unparse(first)}, ...)"))
+    return found
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+@pytest.mark.parametrize("path", pack_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_monkeypatching_of_comfy_or_torch(path):
+    found = monkeypatches(path.read_text())
+    assert not found, (f"{path.name} assigns to {found}; use wrappers, callbacks, object patches or "
+                       "injections instead")
+
+
+@pytest.mark.parametrize("source", [
+    "import comfy.model_management as mm\nmm.vram_state = None\n",
+    "from comfy import model_patcher\nmodel_patcher.ModelPatcher.load = None\n",
+    "import comfy.model_management as mm\nsetattr(mm, 'vram_state', None)\n",
+    "import torch.nn.functional as F\nF.linear = None\n",
+    "from comfy.model_patcher import ModelPatcher\nModelPatcher.clone = None\n",
+    "import comfy.sd\ncomfy.sd.load_checkpoint_guess_config = None\n",
+    "import torch\ntorch.nn.Linear.forward += 1\n",
+])
+def test_monkeypatch_checker_catches_aliases(source):
+    assert monkeypatches(source), source
+
+
+def test_monkeypatch_checker_leaves_own_objects_alone():
+    source = ("import comfy.model_management as mm\nclass A:\n    pass\na = A()\n"
+              "a.x = mm.get_torch_device()\nstate = {}\nstate['k'] = 1\nsetattr(a, 'y', 2)\n")
+    assert monkeypatches(source) == []
 
 
 def test_root_init_only_exports_mappings():
