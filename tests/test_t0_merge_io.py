@@ -200,6 +200,7 @@ def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(pack, mio, models):
 # SD1.5's diffusers names of a few modules far apart, written out by hand (diffusers' UNet2DConditionModel:
 # up_blocks.0 has no attention, 3 resnets per up block, the upsampler after the third)
 SD15_NAMES = {
+    "input_blocks.0.0": "conv_in",
     "input_blocks.1.0.in_layers.2": "down_blocks_0_resnets_0_conv1",
     "input_blocks.3.0.op": "down_blocks_0_downsamplers_0_conv",
     "input_blocks.8.1.transformer_blocks.0.attn1.to_q": "down_blocks_2_attentions_1_transformer_blocks_0_"
@@ -219,7 +220,7 @@ def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_
     from patchbay.merge import lora_keys
 
     present = list(SD15_NAMES)
-    for keys in (present, present[::2], present[1::2], present[-2:]):  # blocks missing in every pattern
+    for keys in (present, present[::2], present[1::2], present[-2:], [present[0], present[-2]]):
         names = lora_keys.kohya_names([f"model.diffusion_model.{k}.weight" for k in keys], "sd15")
         expected = {f"lora_unet_{SD15_NAMES[k]}": f"model.diffusion_model.{k}.weight" for k in keys}
         expected |= {f"lora_unet_{k.replace('.', '_')}": f"model.diffusion_model.{k}.weight" for k in keys}
