@@ -84,7 +84,7 @@ def kohya_names(canonical_keys: list[str], arch: str) -> dict[str, str]:
 def layout_for(arch: str, unet_modules: list[str]) -> UNetLayout:
     """The fixed layout of ``arch`` when every block of the file fits it, else the file's own."""
     fixed = LAYOUTS.get(arch)
-    present = {m[1] for m in map(_BLOCK.match, unet_modules) if m and m.string not in BASIC}  # not conv_in
+    present = {m[1] for m in map(_BLOCK.match, unet_modules) if m} - set(BASIC)  # conv_in is no block
     if fixed is not None and present <= fixed.blocks().keys():
         return fixed
     return detected_layout(present)

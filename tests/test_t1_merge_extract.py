@@ -152,3 +152,5 @@ def test_kohya_names_equal_comfyuis_whole_unet_map(pack, comfy, config, arch, co
     assert io.detect_architecture(infos) == (arch, False)
     ours = lora_keys.kohya_names(list(state), arch)
     assert len(theirs) == count and ours == theirs
+    modules = [key.removeprefix(UNET).removesuffix(".weight") for key in state]
+    assert lora_keys.layout_for(arch, modules) is lora_keys.LAYOUTS[arch]  # the fixed one, not a detected one
