@@ -9,7 +9,8 @@ naming the file and what to do.
 
 The writer knows every output tensor's name, dtype and shape before the first byte, so the header
 is written first and each tensor goes to its final offset as soon as it exists. Bytes go to a
-temporary file next to the output; ``commit`` fsyncs and renames it into place (refusing to replace
+temporary file next to the output (``.<name>.<pid>-*.partial``: merge/partials.py removes those
+of killed merges); ``commit`` fsyncs and renames it into place (refusing to replace
 an existing file unless ``overwrite``), ``abort`` (or any exception, Ctrl-C included, inside the
 ``with`` block) deletes it and leaves everything else untouched.
 """
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from . import partials
+
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -36,7 +39,6 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 MAX_HEADER_BYTES = 100 * 2**20
 UNET_PREFIX = "model.diffusion_model."
 ALIGN = 64  # byte alignment of tensors inside a read arena
-_PARTIAL = re.compile(r"(?:(\d+)-)?[a-z0-9_]{8}")  # <pid>-<mkstemp's 8 characters>
 PICKLE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # torch zip, pickle
 
 
@@ -309,7 +311,7 @@ class SafetensorsWriter:
         return text + b" " * max(0, pad_to - len(text))
 
     def __enter__(self) -> SafetensorsWriter:
-        remove_stale_partials(self.path)
+        partials.remove_stale(self.path)
         fd, name = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.{os.getpid()}-",
                                     suffix=".partial")
         self._fd, self.temp_path = fd, Path(name)
@@ -368,34 +370,6 @@ class SafetensorsWriter:
         if self.temp_path is not None:
             self.temp_path.unlink(missing_ok=True)
             self.temp_path = None
-
-
-def remove_stale_partials(path: Path) -> list[Path]:
-    """Delete ``.<name>.<pid>-*.partial`` files of ``path`` left by a merge whose process is gone
-    (killed before it could clean up); a running merge's file is kept. Returns what was removed."""
-    removed = []
-    prefix = f".{path.name}."
-    for candidate in path.parent.glob(".*.partial"):
-        middle = candidate.name[len(prefix):-len(".partial")] if candidate.name.startswith(prefix) else ""
-        match = _PARTIAL.fullmatch(middle)
-        if match is None:  # another output's file (``.<name>.x.<pid>-...``) or not ours at all
-            continue
-        pid = int(match[1]) if match[1] else None  # no pid: written before pids were recorded
-        if pid is not None and (pid == os.getpid() or _alive(pid)):
-            continue
-        candidate.unlink(missing_ok=True)
-        removed.append(candidate)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def check_output_path(path: Path, overwrite: bool) -> None:
