@@ -191,9 +191,9 @@ def _resolve(token: _Token, results: list[Any], number: int, line: str) -> Any:
     return token.value
 
 
-def _takes(args: list, least: int, most: int, usage: str) -> None:
-    """Refuse a wrong number of positional values, showing the instruction's form."""
-    if not least <= len(args) <= most:
+def _takes(args: list, least: int, most: int | None, usage: str) -> None:
+    """Refuse a wrong number of positional values (``most`` None: no upper bound), showing the form."""
+    if len(args) < least or (most is not None and len(args) > most):
         raise ValueError(f"takes {usage}, got {len(args)} positional value{'s' * (len(args) != 1)}")
 
 
@@ -231,7 +231,7 @@ def _literal(args: list, kwargs: dict) -> LiteralNode:
 
 
 def _merge(args: list, kwargs: dict) -> Node:
-    _takes(args, 1, len(args) or 1, 'a quoted method name, then its inputs: merge "weighted_sum" &0 &1')
+    _takes(args, 1, None, 'a quoted method name, then its inputs: merge "weighted_sum" &0 &1')
     method, *inputs = args
     method = _quoted_arg(method, "the method name")
     if method in COLLAPSED_CONVERSIONS and len(inputs) == 1 and isinstance(inputs[0], LiteralNode):
