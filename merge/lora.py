@@ -65,6 +65,14 @@ class LoraSource:
 
     def delta(self, key: str) -> torch.Tensor:
         """The fp32 weight delta this LoRA adds to ``key`` at strength 1."""
+        try:
+            return self._delta(key)
+        except (RuntimeError, KeyError, IndexError) as error:  # factors of the wrong shape, a part missing
+            problem = f"its module for {key} {list(self._shapes[key])} does not fit it ({error})"
+            raise mio.ModelFileError(self.file.path, problem.replace("\n", " "),
+                                     "Use a LoRA made for this base model, or re-save the LoRA.") from None
+
+    def _delta(self, key: str) -> torch.Tensor:
         parts, shape = self.targets[key], self._shapes[key]
         t = {part: self.file.read(name).float() for part, name in parts.items()}
         alpha = t["alpha"].item() if "alpha" in t else None

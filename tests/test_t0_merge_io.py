@@ -269,3 +269,20 @@ def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(
         4, 4, 3, 3)
     torch.testing.assert_close(out["model.diffusion_model.output_blocks.2.1.conv.weight"], conv)
     assert torch.equal(out[f"model.diffusion_model.{to_k}.weight"], base[f"{to_k}.weight"])
+
+
+def test_a_lora_module_that_does_not_fit_its_key_is_one_clear_error(pack, tmp_path):
+    from patchbay.merge import execute, recipe
+
+    key = "input_blocks.1.1.transformer_blocks.0.attn2.to_k"
+    save_file({f"{key}.weight": torch.zeros(4, 768)}, str(tmp_path / "unet.safetensors"))
+    name = "lora_unet_" + key.replace(".", "_")
+    save_file({f"{name}.lora_up.weight": torch.ones(5, 2), f"{name}.lora_down.weight": torch.ones(2, 768)},
+              str(tmp_path / "lora.safetensors"))  # made for a model 5 wide, not 4
+    R = recipe
+    merged = R.add_difference(R.model(str(tmp_path / "unet.safetensors")),
+                              R.model(str(tmp_path / "lora.safetensors"), space="delta"))
+    with pytest.raises(ValueError, match=r"lora.safetensors: its module for model.diffusion_model.input_"
+                                         r".*\[4, 768\] does not fit it .*Use a LoRA made for this base"):
+        execute.merge(merged, tmp_path / "out.safetensors", execute.MergeOptions(progress=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lora.safetensors", "unet.safetensors"]
