@@ -1,4 +1,4 @@
-"""T0: seeded mutations of valid recipes through ``validate`` and ``merge`` on tiny files (issue 20).
+"""T0: seeded mutations of valid recipes through ``validate`` and ``merge`` on tiny files and a LoRA.
 
 Each mutation (a method swapped for another, a value replaced by an odd one, a parameter added, a
 token or a line deleted, duplicated or moved) goes through the command line in-process. Whatever
@@ -43,6 +43,10 @@ RECIPES = [
      'merge "add_difference" &2 &5'],
     ['merge "crossover" &0 &1 alpha=0.3 tilt=0.5', 'merge "clamp" &3 &0 &1'],
     ['merge "subtract" &0 &1', 'merge "truncate_rank" &3 rank=2', 'merge "add_difference" &1 &4'],
+    ['model "l.safetensors" merge_space="delta"', 'merge "add_difference" &0 &3 alpha=0.8'],
+    ['model "l.safetensors" model_config="sd1-kohya_kohya_lora" merge_space="weight"',
+     "merge \"convert_'sd1-kohya_kohya_lora'_to_base\" &3", "merge \"convert_'sd1-kohya'_to_'sd1-ldm'\" &4",
+     "dict IN01=0.3 default=1", 'merge "add_difference" &0 &5 alpha=&6'],
 ]
 ODD_VALUES = ["0", "1", "-1", "2", "0.5", "1e308", "-1e308", "1e-308", "1e999", "7", "-5", '"x"', "true",
               "null", "&0", "&99", "nan", "1.5e3"]
@@ -66,6 +70,14 @@ def folder(tmp_path_factory) -> Path:
         tensors = {k: torch.randn(s, generator=gen) for k, s in KEYS.items()}
         tensors[next(k for k in KEYS if k.endswith("position_ids"))] = torch.arange(5).reshape(1, 5)
         save_file(tensors, str(folder / f"{name}.safetensors"))
+    gen = torch.Generator().manual_seed(9)
+    lora = {}  # a kohya LoRA on two of the keys: a linear and a 3x3 convolution
+    for module, up, down in (("input_blocks_1_1_transformer_blocks_0_attn2_to_k", (3, 2), (2, 768)),
+                             ("down_blocks_0_resnets_0_conv1", (4, 2, 1, 1), (2, 3, 3, 3))):
+        lora[f"lora_unet_{module}.lora_up.weight"] = torch.randn(up, generator=gen)
+        lora[f"lora_unet_{module}.lora_down.weight"] = torch.randn(down, generator=gen)
+        lora[f"lora_unet_{module}.alpha"] = torch.tensor(2.0)
+    save_file(lora, str(folder / "l.safetensors"))
     return folder
 
 
