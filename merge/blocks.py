@@ -10,10 +10,11 @@ ComfyUI's ``model.diffusion_model.`` prefix or not (diffusion-model-only files).
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import re
 from collections.abc import Collection, Mapping
+
+from .names import nearest, suggestion
 
 ARCHS = ("sd15", "sdxl", "flux")
 _UNET = re.compile(r"(?:^|\.)(input_blocks|middle_block|output_blocks)\.(\d+)\.")
@@ -135,7 +136,7 @@ def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | 
             raise ValueError(f"map entry {entry!r} is no key and no glob, and block names need a known "
                              f"architecture ({', '.join(ARCHS)}; these models are {arch}): use key globs")
         close = nearest_blocks(entry, names)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        hint = f"; {suggestion(close)}" if close else ""
         raise ValueError(f"map entry {entry!r} is no block of {arch} ({', '.join(names[:4])}, ...), "
                          f"no key and no glob{hint}")
 
@@ -147,7 +148,7 @@ def nearest_blocks(entry: str, names: tuple[str, ...]) -> list[str]:
     if match := re.fullmatch(r"([A-Za-z]+)(\d+)", entry):
         padded = f"{match[1].upper()}{int(match[2]):02}"
         first = [padded] if padded in names else []
-    close = difflib.get_close_matches(entry.upper() if entry.isalnum() else entry, names, n=3, cutoff=0.5)
+    close = nearest(entry.upper() if entry.isalnum() else entry, names, cutoff=0.5)
     return (first + [c for c in close if c not in first])[:3]
 
 

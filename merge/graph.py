@@ -1,7 +1,7 @@
 """The recipe graph's node types: five frozen dataclasses and the error that carries a path.
 
 Kept apart from the builders and checks in merge/recipe.py (which re-exports everything here) so
-that the data types import nothing but the standard library and the registry's space names.
+that the data types import nothing but the standard library and the merge-space names (merge/names.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from .registry import ANY, SPACES
+from .names import ANY, SPACES
 
 Scalar = Union[float, int, bool, str, None]  # noqa: UP007 - a runtime alias used by isinstance-free code
 _SCALAR_TYPES = (float, int, bool, str, type(None))

@@ -38,7 +38,8 @@ from .graph import (
     Scalar,
     label,
 )
-from .registry import ANY, PARAM, MergeMethod
+from .names import ANY, PARAM, did_you_mean
+from .registry import MergeMethod
 
 __all__ = ["CallNode", "FreeInput", "LiteralNode", "ModelNode", "Node", "ParamNode", "RecipeError", "Scalar",
            "bind", "call", "check_call", "free_input", "free_inputs", "literal", "model", "output_space",
@@ -284,7 +285,7 @@ def _check_bind_names(root: Node, inputs: Mapping[str, Node], values: Mapping[st
     open_inputs = free_inputs(root)
     for name, value in inputs.items():
         if name not in open_inputs:
-            raise RecipeError(("bind",), f"no open input {name!r}{registry.did_you_mean(name, open_inputs)}; "
+            raise RecipeError(("bind",), f"no open input {name!r}{did_you_mean(name, open_inputs)}; "
                                          f"open inputs: {', '.join(open_inputs) or 'none'}")
         if not isinstance(value, TENSOR_NODES):
             raise RecipeError(("bind", f"input {name!r}"), f"expects a tensor recipe, got {value!r}")
@@ -292,7 +293,7 @@ def _check_bind_names(root: Node, inputs: Mapping[str, Node], values: Mapping[st
     for name in values:
         if name not in open_params:
             raise RecipeError(("bind",), f"no open parameter {name!r}"
-                                         f"{registry.did_you_mean(name, open_params)}; "
+                                         f"{did_you_mean(name, open_params)}; "
                                          f"open parameters: {', '.join(sorted(open_params)) or 'none'}")
 
 

@@ -15,7 +15,6 @@ The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import importlib
 import inspect
@@ -28,9 +27,8 @@ from typing import Annotated, Any
 import torch
 
 from .context import KeyContext
+from .names import ANY, DELTA, PARAM, WEIGHT, did_you_mean
 
-WEIGHT, DELTA, PARAM, ANY = "weight", "delta", "param", "any"
-SPACES = (WEIGHT, DELTA, PARAM, ANY)
 SCALAR_TYPES: tuple[type, ...] = (float, int, bool, str)
 
 
@@ -116,6 +114,7 @@ class MergeMethod:
     output: str
     fn: Callable[..., Any]
     accepts_missing: bool = False
+    elementwise: bool = False
 
     @property
     def variadic(self) -> bool:
@@ -139,19 +138,20 @@ class MergeMethod:
 
 
 _REGISTRY: dict[str, MergeMethod] = {}
-_builtins_loaded = False
 
 
 def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = None,
-                 paper: str | None = None, accepts_missing: bool = False) -> Any:
+                 paper: str | None = None, accepts_missing: bool = False, elementwise: bool = False) -> Any:
     """Register ``fn`` as a merge method; usable bare (``@merge_method``) or with options.
 
     ``name`` defaults to the function name; ``paper`` is a URL shown in the methods table;
-    ``accepts_missing`` makes the executor pass ``None`` for inputs that lack the key.
+    ``accepts_missing`` makes the executor pass ``None`` for inputs that lack the key;
+    ``elementwise`` declares that output element i depends only on element i of the inputs, with
+    no randomness, so the executor may evaluate the method slice by slice.
     Raises ``MethodDefinitionError`` for a bad signature or an already registered name.
     """
     def register(func: Callable[..., Any]) -> MergeMethod:
-        method = _build(func, name or func.__name__, paper, accepts_missing)
+        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise)
         if method.name in _REGISTRY:
             raise MethodDefinitionError(
                 f"merge method {method.name!r} is already registered; pick another name "
@@ -164,7 +164,6 @@ def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = Non
 
 def get(name: str) -> MergeMethod:
     """The method registered as ``name``; a miss raises ``UnknownMethodError`` with suggestions."""
-    _load_builtins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -175,14 +174,12 @@ def get(name: str) -> MergeMethod:
 
 def all_methods() -> tuple[MergeMethod, ...]:
     """Every registered method, sorted by name."""
-    _load_builtins()
     return tuple(_REGISTRY[key] for key in sorted(_REGISTRY))
 
 
 @contextlib.contextmanager
 def scope() -> Iterator[None]:
     """Undo every registration made inside the block (tests register throwaway methods here)."""
-    _load_builtins()
     saved = dict(_REGISTRY)
     try:
         yield
@@ -191,21 +188,10 @@ def scope() -> Iterator[None]:
         _REGISTRY.update(saved)
 
 
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        importlib.import_module(".methods", __package__)
-
-
-def did_you_mean(name: str, choices: Any) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-
-
 # ---- signature checking ---------------------------------------------------------------------------
 
-def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missing: bool) -> MergeMethod:
+def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missing: bool,
+           elementwise: bool) -> MergeMethod:
     where = f"merge method {name!r} ({func.__module__}.{func.__qualname__})"
     if not name.isidentifier():
         raise MethodDefinitionError(f"{where}: the name must be an identifier")
@@ -241,7 +227,7 @@ def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missi
     if not doc:
         raise MethodDefinitionError(f"{where}: give it a docstring; its first line is the method's doc")
     return MergeMethod(name, doc[0], paper, tuple(inputs), tuple(params), output,
-                       func if takes_ctx else _drop_ctx(func), accepts_missing)
+                       func if takes_ctx else _drop_ctx(func), accepts_missing, elementwise)
 
 
 def _input_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> InputSpec:
@@ -290,3 +276,20 @@ def _drop_ctx(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(*tensors, **scalars)
 
     return call
+
+
+# ---- the built-in methods, registered with the registry itself ---------------------------------------
+
+
+def _load_builtins() -> None:
+    """Import merge/methods/ (each module registers its methods); a module that fails to import makes
+    importing the registry fail, every time, rather than leave a registry without its methods."""
+    try:
+        importlib.import_module(".methods", __package__)
+    except Exception as error:
+        raise ImportError(f"the built-in merge methods failed to load ({type(error).__name__}: {error}); "
+                          f"the merge engine cannot run without them: reinstall or fix merge/methods/"
+                          ) from error
+
+
+_load_builtins()

@@ -17,12 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from . import io as mio
-from .recipe import RecipeError
-
-# Methods whose output element i depends only on element i of the inputs, with no randomness: the
-# executor may evaluate them slice by slice. A method can also declare ``elementwise = True``.
-ELEMENTWISE = frozenset({"weighted_sum", "n_average", "add_difference", "subtract", "train_difference",
-                         "train_difference_mask"})
+from . import registry
+from .graph import CallNode, FreeInput, LiteralNode, ModelNode, ParamNode, RecipeError
 
 
 @dataclass(frozen=True)
@@ -43,8 +39,8 @@ class Call:
 
     @property
     def elementwise(self) -> bool:
-        flag = getattr(self.method, "elementwise", None)
-        return bool(flag) if flag is not None else self.method.name in ELEMENTWISE
+        """Whether the method may run slice by slice (``@merge_method(elementwise=True)``)."""
+        return self.method.elementwise
 
 
 @dataclass(frozen=True)
@@ -132,8 +128,6 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
     stored under (method, its tensor inputs), so a call whose scalars changed (``rotate`` with a new
     ``alpha``) finds the work of the previous merge. None: fresh caches for this merge.
     """
-    from . import registry
-
     sources: list[SourceSpec] = []
     index: dict[Path, int] = {}
     memo: dict[int, Any] = {}
@@ -141,14 +135,13 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
     def visit(node: Any) -> Any:
         if id(node) in memo:
             return memo[id(node)]
-        kind = type(node).__name__
-        if kind == "ModelNode":
+        if isinstance(node, ModelNode):
             path = resolve_path(Path(os.fspath(node.path)), search_dirs)
             if path not in index:
                 index[path] = len(sources)
                 sources.append(SourceSpec(path, node.space))
             step: Any = Leaf(index[path])
-        elif kind == "CallNode":
+        elif isinstance(node, CallNode):
             try:
                 method = registry.get(node.method)
             except registry.UnknownMethodError as error:
@@ -162,13 +155,13 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
             step = Call(method, tuple(visit(a) for a in node.args), {k: visit(v) for k, v in kwargs.items()})
             if cache is not None:
                 step.cache = cache.setdefault((node.method, node.args), {})
-        elif kind == "LiteralNode":
+        elif isinstance(node, LiteralNode):
             step = node if node.is_map else node.value
-        elif kind in ("FreeInput", "ParamNode"):
-            raise RecipeError((node.name,), f"the recipe has an unbound {kind}; bind it first "
+        elif isinstance(node, (FreeInput, ParamNode)):
+            raise RecipeError((node.name,), f"the recipe has an unbound {type(node).__name__}; bind it first "
                               "(recipe.bind(root, inputs=..., params=...), or --param NAME=VALUE)")
         else:
-            raise RecipeError((), f"cannot execute recipe node {node!r} ({kind})")
+            raise RecipeError((), f"cannot execute recipe node {node!r} ({type(node).__name__})")
         memo[id(node)] = step
         return step
 

@@ -13,7 +13,7 @@ SUPERMERGER = "https://github.com/hako-mikan/sd-webui-supermerger"
 SD_MECHA = "https://github.com/ljleb/sd-mecha"
 
 
-@merge_method(paper=SOUPS)
+@merge_method(paper=SOUPS, elementwise=True)
 def weighted_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     """Linear interpolation a + (b - a) * alpha (alpha=0 gives A, 1 gives B)."""
     if is_close(alpha, 0.0):
@@ -23,7 +23,7 @@ def weighted_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     return torch.lerp(a, b, alpha)
 
 
-@merge_method(paper=SOUPS)
+@merge_method(paper=SOUPS, elementwise=True)
 def n_average(*models: AnySpace) -> AnySpace:
     """Plain mean of any number of models (running lerp, as sd-mecha)."""
     res = models[0]
@@ -45,7 +45,7 @@ def slerp(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     return res
 
 
-@merge_method(paper=TASK_ARITHMETIC)
+@merge_method(paper=TASK_ARITHMETIC, elementwise=True)
 def add_difference(a: AnySpace, b: Delta, *, alpha: float = 1.0) -> AnySpace:
     """Task arithmetic: a + b * alpha, b a delta (e.g. subtract(B, C))."""
     if is_close(alpha, 0.0):
@@ -53,7 +53,7 @@ def add_difference(a: AnySpace, b: Delta, *, alpha: float = 1.0) -> AnySpace:
     return torch.addcmul(a, b, torch.as_tensor(alpha, dtype=a.dtype, device=a.device))
 
 
-@merge_method(paper=TASK_ARITHMETIC)
+@merge_method(paper=TASK_ARITHMETIC, elementwise=True)
 def subtract(a: Weight, b: Weight) -> Delta:
     """The delta a - b (a task vector when b is the base model)."""
     return a - b
@@ -69,14 +69,14 @@ def perpendicular_component(a: AnySpace, b: AnySpace) -> AnySpace:
     return res
 
 
-@merge_method(paper=SUPERMERGER)
+@merge_method(paper=SUPERMERGER, elementwise=True)
 def train_difference_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
     """Per-element weight alpha * 1.8 * |b - a| / (|b - a| + |b - c|) for add_difference."""
     ba = (b - a).abs()
     return alpha * 1.8 * torch.nan_to_num(ba / (ba + (b - c).abs()), nan=0)
 
 
-@merge_method(paper=SUPERMERGER)
+@merge_method(paper=SUPERMERGER, elementwise=True)
 def train_difference(a: AnySpace, b: Weight, c: Weight, *, alpha: float = 1.0) -> AnySpace:
     """Supermerger's train difference: a + (b - c) * train_difference_mask(a, b, c, alpha)."""
     mask = train_difference_mask.fn(a, b, c, alpha=alpha)
