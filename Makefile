@@ -1,17 +1,26 @@
 # Every target sets up what it needs: devtools/env.sh builds (once) or reuses the cached Python 3.11
-# environment with ComfyUI 0.3.75, and tiny models are generated on first use.
+# environment of one ComfyUI version, and tiny models (shared by all versions) are generated on first use.
+# COMFYUI picks the version: `make test` runs every tier on each of TESTED_COMFYUI in turn, and
+# `make test COMFYUI=0.33` on that one; the other targets use one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test lint models workflows env clean bench-hooks bench-merge
+.PHONY: help demo run test test-one lint models workflows env clean bench-hooks bench-merge
+
+TESTED_COMFYUI := 0.3.75 0.33
+DEFAULT_COMFYUI := 0.3.75
+COMFYUI ?=
+one_comfyui = $(or $(COMFYUI),$(DEFAULT_COMFYUI))
 
 # $(call with_env,FLAGS): enter the environment; sets PY and PATCHBAY_COMFYUI for the rest of the line.
-with_env = env_dir="$$(devtools/env.sh $(1))" && export PATCHBAY_COMFYUI="$$env_dir/comfyui" \
-	&& PY="$$env_dir/venv/bin/python"
+with_env = env_dir="$$(devtools/env.sh --comfyui $(one_comfyui) $(1))" \
+	&& export PATCHBAY_COMFYUI="$$env_dir/comfyui" && PY="$$env_dir/venv/bin/python"
 
 help:
 	@echo "make demo    run every bundled workflow on a real ComfyUI (CPU, tiny models) and print a table"
 	@echo "make run     start that ComfyUI with Patchbay loaded and leave it running; prints the URL"
 	@echo "make test    run every test tier (t0 pure, t1 in-process, t2 live server, t3 real frontend)"
+	@echo "             on ComfyUI $(TESTED_COMFYUI) in turn; COMFYUI=0.33 (or 0.3.75) runs one version"
+	@echo "             COMFYUI=... also picks the version for demo, run, models, workflows (default $(DEFAULT_COMFYUI))"
 	@echo "make lint    ruff over the repo"
 	@echo "make models  generate the tiny test models into .cache/models"
 	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
@@ -25,6 +34,15 @@ run:
 	@$(call with_env) && "$$PY" devtools/demo.py --serve
 
 test:
+	@failed=""; for version in $(or $(COMFYUI),$(TESTED_COMFYUI)); do \
+		echo "=== make test on ComfyUI $$version ==="; started=$$SECONDS; \
+		$(MAKE) --no-print-directory test-one COMFYUI=$$version || failed="$$failed $$version"; \
+		echo "=== ComfyUI $$version: $$((SECONDS - started)) s ==="; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED on ComfyUI$$failed (see above)"; exit 1; fi; \
+	echo "make test: passed on ComfyUI $(or $(COMFYUI),$(TESTED_COMFYUI))"
+
+test-one:
 	@$(call with_env,--browser) && "$$PY" -m ruff check . && "$$PY" devtools/tiny_models.py \
 		&& "$$PY" -m pytest $(PYTEST_ARGS)
 
@@ -44,7 +62,7 @@ bench-merge:
 	@$(call with_env) && "$$PY" devtools/bench_merge.py $(BENCH_ARGS)
 
 env:
-	@devtools/env.sh --browser
+	@devtools/env.sh --comfyui $(one_comfyui) --browser
 
 clean:
 	rm -rf .cache output .pytest_cache .ruff_cache
