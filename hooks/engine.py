@@ -37,6 +37,7 @@ import comfy.utils
 import torch
 from comfy.patcher_extension import WrappersMP
 
+from ..patcher.steps import cond_active
 from .cache import TensorCache
 from .lowrank import ModuleDeltas, RowStrengths
 from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, load_hook_patches
@@ -269,7 +270,7 @@ def _strip(run: RunPlan, cond: dict, timestep: torch.Tensor, transformer_options
     mine = [h for h in group.hooks if h.hook_ref in run.index]
     if not mine:
         return cond
-    if _active(cond, timestep):
+    if cond_active(cond, timestep[0]):
         row = [0.0] * len(run.index)
         for hook in mine:
             hook.hook_keyframe.prepare_current_keyframe(curr_t=timestep[0],
@@ -292,14 +293,6 @@ def _rest(run: RunPlan, group: Any) -> Any:
         cached = (group, rest if len(rest) else None)
         run.groups[id(group)] = cached
     return cached[1]
-
-
-def _active(cond: dict, timestep: torch.Tensor) -> bool:
-    """Whether core evaluates this cond at ``timestep`` (its timestep range, as get_area_and_mult)."""
-    t = timestep[0]
-    if "timestep_start" in cond and t > cond["timestep_start"]:
-        return False
-    return not ("timestep_end" in cond and t < cond["timestep_end"])
 
 
 def apply_model_wrapper(executor, *args, **kwargs):

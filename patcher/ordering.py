@@ -71,18 +71,24 @@ def reorder_in_place(mapping: MutableMapping[K, Any], priority: Callable[[K], in
     return True
 
 
-def did_you_mean(name: object, choices: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest choice (case-insensitive), or an empty string.
+def closest(name: object, choices: Iterable[str]) -> str | None:
+    """The choice closest to ``name`` (case-insensitive), or None; the patcher's one name matcher.
 
     When two choices differ only in case, the one listed first is suggested.
     """
     if not isinstance(name, str):
-        return ""
+        return None
     lowered: dict[str, str] = {}
     for choice in choices:  # the first spelling of a name wins
         lowered.setdefault(choice.lower(), choice)
     close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
-    return f" Did you mean {lowered[close[0]]!r}?" if close else ""
+    return lowered[close[0]] if close else None
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest choice (``closest``), or an empty string."""
+    near = closest(name, choices)
+    return f" Did you mean {near!r}?" if near else ""
 
 
 @dataclass

@@ -11,18 +11,19 @@ that Patchbay's patcher reads (patcher/model_patcher.py).
     resolve_full_load(mode, core_choice)  the ``full_load`` that core's ``load()`` is given
     lifted_object_patches(root, backup)   the model's own modules back in place around a weight operation
 
-Pure: standard library and torch only.
+Pure: standard library, torch and patcher/ordering.py only.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .ordering import closest
 
 __all__ = [
     "FULL_LOAD_MODES", "PATCH_ORDERS", "PatchOrder", "PatchOrderError", "lifted_object_patches",
@@ -40,8 +41,8 @@ class PatchOrderError(ValueError):
 def _check(option: str, value: object, allowed: tuple[str, ...]) -> str:
     if isinstance(value, str) and value in allowed:
         return value
-    near = difflib.get_close_matches(str(value), allowed, n=1)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    near = closest(str(value), allowed)
+    hint = f" (did you mean {near!r}?)" if near else ""
     raise PatchOrderError(f"{option}={value!r} is not allowed{hint}; use one of {', '.join(allowed)}.")
 
 

@@ -30,13 +30,20 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CALLBACK_MODE", "SIGMA_MODE", "Emission", "ScheduleMatch", "StepTracker", "find_slice",
-           "locate_run"]
+__all__ = ["CALLBACK_MODE", "SIGMA_MODE", "Emission", "ScheduleMatch", "StepTracker", "cond_active",
+           "find_slice", "locate_run"]
 
 CALLBACK_MODE = "callback"
 SIGMA_MODE = "sigma"
 REL_TOL = 1e-5
 ABS_TOL = 1e-7
+
+
+def cond_active(cond: dict, sigma: float) -> bool:
+    """Whether core evaluates ``cond`` at ``sigma``: its rule for a cond's timestep range
+    (``timestep_start`` / ``timestep_end``, in sigmas) in comfy/samplers.py::get_area_and_mult."""
+    start, end = cond.get("timestep_start"), cond.get("timestep_end")
+    return not (start is not None and sigma > start) and not (end is not None and sigma < end)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .steps import cond_active
+
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
@@ -107,19 +109,13 @@ def _fn_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _cond_active(cond: dict, sigma: float) -> bool:
-    """core's rule in comfy/samplers.py::get_area_and_mult for timestep_start / timestep_end."""
-    start, end = cond.get("timestep_start"), cond.get("timestep_end")
-    return not (start is not None and sigma > start) and not (end is not None and sigma < end)
-
-
 def _active_hooks(guider: Any, sigma: float) -> dict[Any, tuple[Any, list[str]]]:
     """hook_ref -> (hook, names of the conds it is on), in order of first appearance."""
     found: dict[Any, tuple[Any, list[str]]] = {}
     for cond_name, conds in (getattr(guider, "conds", None) or {}).items():
         for cond in conds or ():
             group = cond.get("hooks") if isinstance(cond, dict) else None
-            if group is None or not _cond_active(cond, sigma):
+            if group is None or not cond_active(cond, sigma):
                 continue
             for hook in getattr(group, "hooks", ()):
                 entry = found.setdefault(getattr(hook, "hook_ref", hook), (hook, []))
