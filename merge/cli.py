@@ -76,8 +76,22 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# MergeOptions fields set by a --flag of ``merge`` (type, default and choices come from MergeOptions)
+MERGE_FLAGS = (
+    ("dtype", "(%(default)s)"),
+    ("device", "where the math runs: cpu, cuda, ... (%(default)s)"),
+    ("threads", "torch threads for the math (%(default)s)"),
+    ("memory_budget_mb", "read-ahead + intermediates (%(default)s)"),
+    ("shape_policy", "(%(default)s)"),
+    ("missing_policy", "(%(default)s)"),
+    ("nonfinite", "(%(default)s)"),
+    ("seed", "seed of random methods (%(default)s)"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .execute import MISSING_POLICIES, OUT_DTYPES, SHAPE_POLICIES
+    from .extract import ExtractOptions
+    from .io import OUT_DTYPES
 
     parser = argparse.ArgumentParser(prog="patchbay_merge.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,15 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="merge a .mecha recipe into a .safetensors file")
     _recipe_args(merge)
     merge.add_argument("output", type=Path, help="the .safetensors file to write")
-    merge.add_argument("--dtype", choices=tuple(OUT_DTYPES), default="fp16", help="(%(default)s)")
-    merge.add_argument("--device", default="cpu", help="where the math runs: cpu, cuda, ... (%(default)s)")
-    merge.add_argument("--threads", type=int, default=1, help="torch threads for the math (%(default)s)")
-    merge.add_argument("--memory-budget-mb", type=int, default=1024,
-                       help="read-ahead + intermediates (%(default)s)")
-    merge.add_argument("--shape-policy", choices=SHAPE_POLICIES, default="overlap", help="(%(default)s)")
-    merge.add_argument("--missing-policy", choices=MISSING_POLICIES, default="first", help="(%(default)s)")
-    merge.add_argument("--nonfinite", choices=("error", "warn"), default="error", help="(%(default)s)")
-    merge.add_argument("--seed", type=int, default=0, help="seed of random methods (%(default)s)")
+    _merge_option_args(merge)
     merge.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     merge.add_argument("--no-progress", action="store_true", help="no progress bar")
     merge.set_defaults(run=run_merge)
@@ -102,11 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(extract)
     extract.add_argument("output", type=Path, help="the LoRA .safetensors file to write")
     size = extract.add_mutually_exclusive_group()
-    size.add_argument("--rank", type=int, help="rank of every module (default 32)")
+    size.add_argument("--rank", type=int, help=f"rank of every module (default {ExtractOptions.rank})")
     size.add_argument("--energy", type=float, help="keep this fraction of each delta's spectral energy (0-1]")
     extract.add_argument("--conv-rank", type=int, help="rank of 3x3 convolutions (default: --rank)")
-    extract.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="fp16", help="(%(default)s)")
-    extract.add_argument("--device", default="cpu", help="where the SVDs run (%(default)s)")
+    extract.add_argument("--dtype", choices=tuple(OUT_DTYPES), default=ExtractOptions.dtype,
+                         help="(%(default)s)")
+    extract.add_argument("--device", default=ExtractOptions.device, help="where the SVDs run (%(default)s)")
     extract.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     extract.set_defaults(run=run_extract)
 
@@ -125,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     methods.add_argument("--json", action="store_true", help="machine-readable output")
     methods.set_defaults(run=run_methods)
     return parser
+
+
+def _merge_option_args(parser: argparse.ArgumentParser) -> None:
+    from .plan import MergeOptions
+
+    defaults = MergeOptions()
+    for name, help_text in MERGE_FLAGS:
+        default = getattr(defaults, name)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
+                            choices=MergeOptions.CHOICES.get(name), help=help_text)
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -174,11 +191,8 @@ def _search_dirs(args: argparse.Namespace) -> tuple[Path, ...]:
 def run_merge(args: argparse.Namespace) -> int:
     from .execute import MergeOptions, merge
 
-    options = MergeOptions(
-        dtype=args.dtype, device=args.device, threads=args.threads, memory_budget_mb=args.memory_budget_mb,
-        overwrite=args.overwrite, shape_policy=args.shape_policy, missing_policy=args.missing_policy,
-        nonfinite=args.nonfinite, seed=args.seed, progress=not args.no_progress,
-        search_dirs=_search_dirs(args))
+    options = MergeOptions(**{name: getattr(args, name) for name, _ in MERGE_FLAGS}, overwrite=args.overwrite,
+                           progress=not args.no_progress, search_dirs=_search_dirs(args))
     report = merge(load_recipe(args), args.output, options)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -191,7 +205,7 @@ def run_merge(args: argparse.Namespace) -> int:
 def run_extract(args: argparse.Namespace) -> int:
     from .extract import ExtractOptions, extract_lora
 
-    rank = args.rank if args.rank is not None or args.energy is not None else 32
+    rank = args.rank if args.rank is not None or args.energy is not None else ExtractOptions.rank
     options = ExtractOptions(rank=rank, energy=args.energy, conv_rank=args.conv_rank, dtype=args.dtype,
                              device=args.device, overwrite=args.overwrite, search_dirs=_search_dirs(args))
     report = extract_lora(load_recipe(args), args.output, options)
@@ -229,7 +243,7 @@ def _models_arch(root: Any, search_dirs: tuple[Path, ...]) -> str | None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from .execute import plan
+    from .plan import plan
 
     root = load_recipe(args)
     summary = plan(root, search_dirs=_search_dirs(args))

@@ -25,13 +25,12 @@ import torch
 
 from . import io as mio
 from .context import KeyContext
+from .io import OUT_DTYPES
+from .lora_keys import TEXT_ENCODERS
 from .steps import check_maps, compile_recipe, recipe_text
 from .stream import Evaluator
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])$")
-TEXT_ENCODERS = (("cond_stage_model.transformer.", "lora_te_"),
-                 ("conditioner.embedders.0.transformer.", "lora_te1_"))
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,8 @@ class ExtractOptions:
             raise ValueError(f"energy={self.energy}: give a fraction in (0, 1], e.g. 0.9")
         if self.energy is None and (self.rank is None or self.rank < 1):
             raise ValueError(f"rank={self.rank}: give a rank >= 1 or an energy fraction")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.dtype not in OUT_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(OUT_DTYPES)}")
 
 
 @dataclass
@@ -108,9 +107,9 @@ def extract_lora(recipe: object, out_path: str | Path,
             if delta is None or delta.dim() not in (2, 4) or not torch.any(delta):
                 continue
             up, down, rank, error = decompose(delta, _rank_for(delta, options), options.energy)
-            tensors[f"{name}.lora_up.weight"] = up.to(DTYPES[options.dtype]).cpu()
-            tensors[f"{name}.lora_down.weight"] = down.to(DTYPES[options.dtype]).cpu()
-            tensors[f"{name}.alpha"] = torch.tensor(float(rank), dtype=DTYPES[options.dtype])
+            tensors[f"{name}.lora_up.weight"] = up.to(OUT_DTYPES[options.dtype]).cpu()
+            tensors[f"{name}.lora_down.weight"] = down.to(OUT_DTYPES[options.dtype]).cpu()
+            tensors[f"{name}.alpha"] = torch.tensor(float(rank), dtype=OUT_DTYPES[options.dtype])
             report.ranks[name] = rank
             errors.append(error)
     finally:

@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from tqdm import tqdm
 
 from .context import KeyContext
+from .io import ALIGN
 from .steps import Graph
-from .stream import ALIGN, Evaluator, NonFiniteError, Spill, all_finite, chunkable
+from .stream import Evaluator, NonFiniteError, Spill, all_finite, chunkable
 
 if TYPE_CHECKING:
-    from .execute import KeyPlan, MergeOptions, MergeReport
     from .io import SafetensorsWriter
+    from .plan import KeyPlan, MergeOptions, MergeReport
 
 _DONE = object()
 
@@ -202,23 +204,9 @@ def nonfinite_origin(sources: list, plan: KeyPlan) -> str:
     return "the recipe made it (every input is finite here): check the methods' parameters"
 
 
-class _NullProgress:
-    def __enter__(self) -> _NullProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, n: int) -> None:
-        return None
-
-
-def _progress(options: MergeOptions, total: int, path: Path) -> Any:
-    if not options.progress:
-        return _NullProgress()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=path.name, leave=False)
+def _progress(options: MergeOptions, total: int, path: Path) -> tqdm:
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=path.name, leave=False,
+                disable=not options.progress)
 
 
 class _Pipeline:

@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from .context import KeyContext
+from .io import ALIGN
 from .steps import Call, Graph, Leaf
-
-ALIGN = 64
 
 
 class NonFiniteError(ArithmeticError):

@@ -317,11 +317,11 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
 def test_keys_larger_than_the_read_arena_are_streamed_in_slices(m, abc, tmp_path, name):
     R = m.recipe
     recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
-    from patchbay.merge import pipeline
+    from patchbay.merge import pipeline, plan, steps
 
-    graph = m.execute.compile_recipe(recipe)
+    graph = steps.compile_recipe(recipe)
     sources = graph.open_sources()
-    plans = m.execute.plan_keys(graph, sources, opts(m), m.execute.MergeReport(path=tmp_path))
+    plans = plan.plan_keys(graph, sources, opts(m), plan.MergeReport(path=tmp_path))
     units = list(pipeline.split_units(graph, sources, plans, opts(m, chunk_elements=4096), capacity=64))
     big = [u for u in units if u.plan.key == "model.diffusion_model.out.2.weight"]
     assert [(u.start, u.end) for u in big] == [(s, min(s + 4096, 21000)) for s in range(0, 21000, 4096)]

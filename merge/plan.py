@@ -1,0 +1,204 @@
+"""Merge planning: the options, the report, and one ``KeyPlan`` per output key, before any output exists.
+
+``plan_keys`` works out every output tensor of a compiled recipe: the union of the weight inputs'
+keys, each key's dtype and shape after the policies below, and the recipe's block maps resolved
+against every planned key (a recipe that validates merges). ``plan`` is that check on its own
+(``validate`` in the CLI); merge/execute.py plans, then streams.
+
+Policies (``MergeOptions``):
+- ``shape_policy``: when a method's inputs disagree in shape, ``"overlap"`` (default) merges the
+  common leading region and keeps the first input's shape and its values outside the overlap (an
+  inpainting 9-channel ``conv_in`` merged with a 4-channel one keeps the 5 extra channels of the
+  first model), ``"first"`` keeps the first input unchanged, ``"error"`` stops at plan time.
+  Every such key is listed in ``MergeReport.shape_mismatches``.
+- ``missing_policy``: for a key that some weight inputs lack, ``"first"`` (default) passes the first
+  available input through unchanged, ``"skip"`` leaves the key out, ``"error"`` stops at plan time.
+  Delta inputs (LoRAs) that lack a key contribute zero. Methods registered with
+  ``accepts_missing`` receive ``None`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .io import OUT_DTYPES
+from .steps import Graph, check_maps, compile_recipe
+
+SHAPE_POLICIES = ("overlap", "first", "error")
+MISSING_POLICIES = ("first", "skip", "error")
+NONFINITE_POLICIES = ("error", "warn")
+
+
+class MergeError(ValueError):
+    """A merge that cannot run as asked; the message names the key or input and the remedy."""
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """How to run a merge (see the module docstring for the policies).
+
+    ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``device``: where
+    the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds what the merge holds
+    besides torch itself: read-ahead arenas get a quarter (one arena, no read-ahead, when a key's
+    inputs are larger), the intermediates of one key half; above that they are spilled to a
+    temporary file next to the output.
+    ``nonfinite``: ``"error"`` or ``"warn"`` when an output tensor holds inf/NaN. ``search_dirs``:
+    folders where relative model paths are looked up after the current folder. ``cache``: pass
+    the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``).
+    """
+
+    dtype: str = "fp16"
+    device: str = "cpu"
+    threads: int = 1
+    memory_budget_mb: int = 1024
+    overwrite: bool = False
+    shape_policy: str = "overlap"
+    missing_policy: str = "first"
+    nonfinite: str = "error"
+    seed: int = 0
+    progress: bool = True
+    fsync: bool = True
+    prefetch: int = 1
+    chunk_elements: int = 1 << 16
+    search_dirs: tuple[Path, ...] = ()
+    cache: dict | None = field(default=None, compare=False)
+
+    CHOICES = {"dtype": tuple(OUT_DTYPES), "shape_policy": SHAPE_POLICIES, "missing_policy": MISSING_POLICIES,
+               "nonfinite": NONFINITE_POLICIES}  # a class constant (no annotation): not a field
+
+    def __post_init__(self) -> None:
+        for name, allowed in self.CHOICES.items():
+            if (value := getattr(self, name)) not in allowed:
+                raise ValueError(f"MergeOptions.{name}={value!r}; choose one of {', '.join(allowed)}")
+
+
+@dataclass
+class MergeReport:
+    """What a merge did: output, key counts, seconds, and every key a policy touched."""
+
+    path: Path
+    keys: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    arch: str = "unknown"
+    shape_mismatches: list[str] = field(default_factory=list)
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    nonfinite: list[str] = field(default_factory=list)
+    nonfinite_origin: str = ""
+    spilled_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KeyPlan:
+    """One output key: the canonical key, which sources have it, output dtype and planned shape."""
+
+    key: str
+    present: tuple[bool, ...]
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    passthrough: int | None = None  # source index copied raw (non-float tensors, missing policy)
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What ``plan`` found: output key count, architecture, input file names, warnings."""
+
+    keys: int
+    arch: str
+    sources: list[str]
+    warnings: list[str]
+
+
+def plan(recipe: object, options: MergeOptions | None = None,
+         search_dirs: tuple[Path, ...] = ()) -> PlanSummary:
+    """Check a recipe against its files without writing anything (``validate`` in the CLI)."""
+    options = options or MergeOptions(search_dirs=tuple(search_dirs))
+    graph = compile_recipe(recipe, options.search_dirs)
+    report = MergeReport(path=Path())
+    with opened_sources(graph) as sources:
+        plans = plan_keys(graph, sources, options, report)
+    return PlanSummary(len(plans), report.arch, [s.name for s in sources], report.warnings)
+
+
+@contextlib.contextmanager
+def opened_sources(graph: Graph) -> Iterator[list]:
+    """The graph's sources opened lazily (headers only), closed on leaving the block."""
+    sources = graph.open_sources()
+    try:
+        yield sources
+    finally:
+        for source in sources:
+            source.close()
+
+
+def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeReport) -> list[KeyPlan]:
+    """Output keys in order, with dtypes and shapes, after the missing-key and shape policies."""
+    weights = [i for i, s in enumerate(sources) if s.space == "weight"] or list(range(len(sources)))
+    report.arch = sources[weights[0]].arch if sources else "unknown"
+    keys: dict[str, None] = {}
+    for i in weights:
+        keys.update(dict.fromkeys(sources[i].keys()))
+    out_dtype = OUT_DTYPES[options.dtype]
+    plans, lacking = [], {}
+    for key in keys:
+        present = tuple(s.has(key) for s in sources)
+        absent = [sources[i].name for i in weights if not present[i]]
+        if absent:
+            lacking[key] = absent
+            if options.missing_policy == "skip":
+                report.skipped.append(key)
+                continue
+        first = next(i for i in weights if present[i])
+        info = sources[first].info(key)
+        if not info.is_float:
+            plans.append(KeyPlan(key, present, info.torch_dtype, info.shape, passthrough=first))
+            continue
+        shape = planned_shape(sources, key, present, options, report)
+        plans.append(KeyPlan(key, present, out_dtype, shape))
+    _report_missing(lacking, options, report)
+    for source in sources:
+        if unmapped := getattr(source, "unmapped", None):
+            report.warnings.append(f"{source.name}: {len(unmapped)} LoRA modules match no key of the base "
+                                   f"model and are ignored, e.g. {unmapped[0]}")
+    check_maps(graph, report.arch, [p.key for p in plans if p.passthrough is None])
+    if report.shape_mismatches:
+        report.warnings.append(f"{len(report.shape_mismatches)} keys with mismatched shapes "
+                               f"({options.shape_policy}), e.g. {report.shape_mismatches[0]!r}")
+    return plans
+
+
+def _report_missing(lacking: dict[str, list[str]], options: MergeOptions, report: MergeReport) -> None:
+    """The missing-key policy's verdict on ``lacking`` (key -> inputs without it): an error or a warning."""
+    if not lacking:
+        return
+    example = next(iter(lacking))
+    if options.missing_policy == "error":
+        raise MergeError(f"{len(lacking)} keys are missing from some inputs, e.g. {example!r} from "
+                         f"{', '.join(lacking[example])}; use missing_policy 'first' or 'skip'")
+    report.missing = lacking
+    report.warnings.append(f"{len(lacking)} keys missing from some inputs ({options.missing_policy}), "
+                           f"e.g. {example!r}")
+
+
+def planned_shape(sources: list, key: str, present: tuple[bool, ...], options: MergeOptions,
+                  report: MergeReport) -> tuple[int, ...]:
+    """The planned output shape of ``key``: its first input's (every shape policy keeps that shape).
+
+    Methods are not traced ahead of time: one that drops a key or changes a shape at run time is
+    still written correctly (the writer lays out offsets as tensors arrive).
+    """
+    shapes = [sources[i].info(key).shape for i in range(len(sources)) if present[i]]
+    if len(set(shapes)) > 1:
+        if options.shape_policy == "error":
+            detail = ", ".join(f"{sources[i].name} {list(sources[i].info(key).shape)}"
+                               for i in range(len(sources)) if present[i])
+            raise MergeError(f"{key!r} has different shapes: {detail}; use shape_policy 'overlap' or 'first'")
+        report.shape_mismatches.append(key)
+    return shapes[0]
