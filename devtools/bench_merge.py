@@ -99,8 +99,8 @@ def load_merge():
     import importlib
 
     for name in ("execute", "io", "recipe"):
-        importlib.import_module(f"patchbay.merge.{name}")
-    return sys.modules["patchbay.merge"]
+        importlib.import_module(f"merge.{name}")
+    return sys.modules["merge"]
 
 
 # ---- probes: one contender, one recipe, in this (sub)process -----------------------------------------

@@ -1,32 +1,36 @@
 """Console entry of the merge engine: ``patchbay_merge.py {merge,extract,show,validate,methods} ...``.
 
-The pack's ``merge/`` package uses relative imports and must not be imported through the pack root
-(its ``__init__`` needs ComfyUI, and the repo root on ``sys.path`` would let our ``nodes/`` shadow
-ComfyUI's), so it is loaded by path under the name ``patchbay.merge``, as tests/conftest.py does.
+``merge/`` is a standalone package: a script with the pack folder on ``sys.path`` writes
+``from merge import recipe`` (README). This entry and the tests import it under that same name
+without putting the pack folder on ``sys.path``, where the pack's ``nodes/`` would shadow
+ComfyUI's ``nodes`` module for whatever imports it later in the process.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+MERGE_DIR = Path(__file__).resolve().parent.parent / "merge"
 
 
 def load_merge_package() -> types.ModuleType:
-    """``patchbay.merge`` imported from this checkout without running the pack's ``__init__``."""
-    if "patchbay" not in sys.modules:
-        package = types.ModuleType("patchbay")
-        package.__path__ = [str(ROOT)]
-        sys.modules["patchbay"] = package
-    return importlib.import_module("patchbay.merge")
+    """This checkout's ``merge/`` as the top-level package ``merge``, as ``import merge`` gives it."""
+    if "merge" in sys.modules:
+        return sys.modules["merge"]
+    spec = importlib.util.spec_from_file_location("merge", MERGE_DIR / "__init__.py",
+                                                  submodule_search_locations=[str(MERGE_DIR)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["merge"] = package
+    spec.loader.exec_module(package)
+    return package
 
 
 def main(argv: list[str] | None = None) -> int:
     load_merge_package()
-    from patchbay.merge import cli
+    from merge import cli
 
     return cli.main(argv)
 

@@ -1,9 +1,8 @@
 """The merge command line: merge a .mecha recipe to a file, extract a LoRA, show, validate, list methods.
 
-Run it through ``devtools/patchbay_merge.py`` (this package uses relative imports, so
-``python -m merge`` from the repo root cannot work). Every user error (bad recipe, missing or
-broken model, existing output) prints one ``error:`` line and exits with status 2; nothing is
-written in that case.
+Run it through ``devtools/patchbay_merge.py``, or call ``main([...])`` from a script that imports
+``merge`` (README). Every user error (bad recipe, missing or broken model, existing output) prints
+one ``error:`` line and exits with status 2; nothing is written in that case.
 
     patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
     patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9

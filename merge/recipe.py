@@ -11,7 +11,7 @@ A recipe is an immutable DAG of five node kinds::
 Python users build recipes with the builders, which check every call against the method's
 signature and fill in defaults (so equal recipes compare equal)::
 
-    from patchbay.merge.recipe import model, weighted_sum
+    from merge.recipe import model, weighted_sum
     r = weighted_sum(model("a.safetensors"), model("b.safetensors"), alpha=0.3)
 
 Every method in the registry is a builder of this module (``recipe.add_difference(...)``), and

@@ -1,7 +1,10 @@
 """Shared fixtures for the four test tiers (markers t0..t3, see pyproject.toml).
 
-- ``pack``: the pack's pure modules imported under the name ``patchbay`` without running its
-  ``__init__`` (T0; nothing from ComfyUI is imported).
+- ``merge``: the standalone merge library, importable as ``from merge import recipe`` in every test
+  (loaded from this checkout under its own name by devtools/patchbay_merge.py, as a script with
+  the pack folder on sys.path imports it; the pack folder itself stays off sys.path).
+- ``pack``: the pack's other pure modules (hooks, patcher, nodes/floats.py) imported under the name
+  ``patchbay`` without running its ``__init__`` (T0; nothing from ComfyUI is imported).
 - ``models``: the tiny generated models (devtools/tiny_models.py), made once per session.
 - ``comfy``: ComfyUI in-process (T1): core and extra nodes initialised, this pack loaded through
   ComfyUI's own ``nodes.load_custom_node`` from a ``custom_nodes/ComfyUI-Patchbay`` link.
@@ -20,6 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "devtools"))
 
 import devpaths  # noqa: E402
+from patchbay_merge import load_merge_package  # noqa: E402
+
+load_merge_package()
 
 
 def _import_pack_without_init() -> types.ModuleType:

@@ -26,8 +26,8 @@ SHAPES = {
 
 
 @pytest.fixture(scope="module")
-def m(pack):
-    from patchbay.merge import execute, io, recipe, registry, stream
+def m():
+    from merge import execute, io, recipe, registry, stream
 
     return type("M", (), {"execute": execute, "io": io, "recipe": recipe, "registry": registry,
                           "stream": stream})
@@ -64,7 +64,7 @@ def register(m, fn, *inputs):
 
 def reference(m, recipe, paths, key):
     """The recipe on whole fp32 tensors in memory: method.fn applied recursively."""
-    from patchbay.merge.context import KeyContext
+    from merge.context import KeyContext
 
     tensors = {str(p): load_file(str(p))[key].float() for p in paths}
 
@@ -300,7 +300,7 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
     recipe = R.add_difference(R.model(str(base)), R.model(str(lora), space="delta"), alpha=1.0)
     out = tmp_path / "out.safetensors"
     m.execute.merge(recipe, out, opts(m, dtype="fp32"))
-    from patchbay.merge import lora as mlora
+    from merge import lora as mlora
 
     deltas = mlora.LoraSource(m.io.SafetensorsFile(lora), m.io.SafetensorsFile(base))
     merged, original = m.io.SafetensorsFile(out), m.io.SafetensorsFile(base)
@@ -317,7 +317,7 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
 def test_keys_larger_than_the_read_arena_are_streamed_in_slices(m, abc, tmp_path, name):
     R = m.recipe
     recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
-    from patchbay.merge import pipeline, plan, steps
+    from merge import pipeline, plan, steps
 
     graph = steps.compile_recipe(recipe)
     sources = graph.open_sources()

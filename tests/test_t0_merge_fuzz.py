@@ -55,8 +55,8 @@ TOKENS = ["&0", "&1", "=", '"', "alpha=0.3", "dict", "k=1", "x", "3", "-", "#", 
 
 
 @pytest.fixture(scope="module")
-def cli(pack):
-    from patchbay.merge import cli, registry
+def cli():
+    from merge import cli, registry
 
     methods = registry.all_methods()
     return cli, [m.name for m in methods], {m.name: m.param_names() for m in methods}

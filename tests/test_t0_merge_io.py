@@ -17,8 +17,8 @@ SD15_LORAS = [f"patchbay-{kind}" for kind in ("lora-r4", "lora-r16", "locon-r4",
 
 
 @pytest.fixture(scope="module")
-def mio(pack):
-    from patchbay.merge import io
+def mio():
+    from merge import io
 
     return io
 
@@ -59,8 +59,8 @@ def test_tiny_models_are_detected(mio, models):
     assert {kinds[n] for n in kinds if "loha" in n or "lokr" in n} == {"lora-lycoris"}
 
 
-def test_tiny_sdxl_and_flux_models_and_their_loras(pack, mio, models):
-    from patchbay.merge import lora
+def test_tiny_sdxl_and_flux_models_and_their_loras(mio, models):
+    from merge import lora
 
     root = models.root / "diffusion_models"
     sdxl, flux = (mio.SafetensorsFile(root / f"patchbay-{n}-tiny.safetensors") for n in ("sdxl", "flux"))
@@ -183,8 +183,8 @@ def test_writer_removes_its_temporary_file_on_error_and_never_overwrites(mio, tm
     assert torch.equal(load_file(str(out))["x"], torch.ones(2))
 
 
-def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(pack, mio, models):
-    from patchbay.merge import lora
+def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(mio, models):
+    from merge import lora
 
     base = mio.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
     for name in SD15_LORAS:
@@ -216,8 +216,8 @@ SD15_NAMES = {
 }
 
 
-def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_has(pack):
-    from patchbay.merge import lora_keys
+def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_has():
+    from merge import lora_keys
 
     present = list(SD15_NAMES)
     for keys in (present, present[::2], present[1::2], present[-2:], [present[0], present[-2]]):
@@ -227,8 +227,8 @@ def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_
         assert names == expected
 
 
-def test_a_unet_that_does_not_fit_its_architecture_gets_its_own_layout(pack):
-    from patchbay.merge import lora_keys
+def test_a_unet_that_does_not_fit_its_architecture_gets_its_own_layout():
+    from merge import lora_keys
 
     # one resnet per level, two levels, attention in both (the tiny SD1.5 test UNet)
     blocks = {"input_blocks.1.0", "input_blocks.1.1", "input_blocks.2.0.op", "input_blocks.3.0",
@@ -239,8 +239,8 @@ def test_a_unet_that_does_not_fit_its_architecture_gets_its_own_layout(pack):
     assert layout.blocks()["output_blocks.3.1"] == "up_blocks.1.attentions.1"
 
 
-def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(pack, tmp_path):
-    from patchbay.merge import execute, recipe
+def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(tmp_path):
+    from merge import execute, recipe
 
     gen = torch.Generator().manual_seed(0)
     to_v = "output_blocks.11.1.transformer_blocks.0.attn2.to_v"
@@ -271,8 +271,8 @@ def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(
     assert torch.equal(out[f"model.diffusion_model.{to_k}.weight"], base[f"{to_k}.weight"])
 
 
-def test_a_lora_module_that_does_not_fit_its_key_is_one_clear_error(pack, tmp_path):
-    from patchbay.merge import execute, recipe
+def test_a_lora_module_that_does_not_fit_its_key_is_one_clear_error(tmp_path):
+    from merge import execute, recipe
 
     key = "input_blocks.1.1.transformer_blocks.0.attn2.to_k"
     save_file({f"{key}.weight": torch.zeros(4, 768)}, str(tmp_path / "unet.safetensors"))

@@ -9,15 +9,15 @@ pytestmark = pytest.mark.t0
 
 
 @pytest.fixture(scope="module")
-def R(pack):
-    from patchbay.merge import recipe
+def R():
+    from merge import recipe
 
     return recipe
 
 
 @pytest.fixture(scope="module")
-def M(pack):
-    from patchbay.merge import mecha_text
+def M():
+    from merge import mecha_text
 
     return mecha_text
 

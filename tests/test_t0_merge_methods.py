@@ -11,15 +11,15 @@ pytestmark = pytest.mark.t0
 
 
 @pytest.fixture(scope="module")
-def m(pack):
-    from patchbay.merge import registry
+def m():
+    from merge import registry
 
     return registry.get
 
 
 @pytest.fixture(scope="module")
-def ctx(pack):
-    from patchbay.merge.context import KeyContext
+def ctx():
+    from merge.context import KeyContext
 
     def make(key="model.diffusion_model.input_blocks.1.0.weight", **kw):
         return KeyContext(key=key, cache={}, **kw)
@@ -207,7 +207,7 @@ def test_clamp(m, ctx):
 
 
 def test_dare_dropout_is_seeded_and_rescaled(m, ctx):
-    from patchbay.merge.context import KeyContext
+    from merge.context import KeyContext
 
     delta = torch.ones(2000)
     fn = m("ties_sum_with_dropout").fn
@@ -221,7 +221,7 @@ def test_dare_dropout_is_seeded_and_rescaled(m, ctx):
 
 
 def test_della_keeps_large_magnitudes_more_often(m, ctx):
-    from patchbay.merge.context import KeyContext
+    from merge.context import KeyContext
 
     delta = torch.linspace(0.01, 1.0, 4000)
     res = m("ties_sum_with_dropout").fn(delta, probability=0.5, della_eps=0.8, k=1.0, apply_stock=True,
@@ -231,7 +231,7 @@ def test_della_keeps_large_magnitudes_more_often(m, ctx):
 
 
 def test_dropout(m, ctx):
-    from patchbay.merge.context import KeyContext
+    from merge.context import KeyContext
 
     d1, d2 = torch.ones(4000), 3 * torch.ones(4000)
     res = m("dropout").fn(d1, d2, probability=0.5, rescale=1.0, ctx=KeyContext(seed=3))
@@ -241,8 +241,8 @@ def test_dropout(m, ctx):
     assert set(res_disjoint.unique().tolist()) <= {0.0, 2.0, 6.0}  # overlap 0: never both
 
 
-def test_overlapping_sets_pmf_is_a_distribution(pack):
-    from patchbay.merge.methods.dropout import overlapping_sets_pmf
+def test_overlapping_sets_pmf_is_a_distribution():
+    from merge.methods.dropout import overlapping_sets_pmf
 
     for overlap in (0.0, 0.3, 1.0, 1.5, 2.0):
         pmf = overlapping_sets_pmf(3, 0.4, overlap, 0.5)
@@ -291,7 +291,7 @@ def test_truncate_rank(m, ctx):
 
 
 def test_fallback_and_components(m, ctx):
-    from patchbay.merge.context import KeyContext
+    from merge.context import KeyContext
 
     assert m("fallback").accepts_missing
     assert m("fallback").fn(None, B, ctx=ctx()) is B and m("fallback").fn(A, B, ctx=ctx()) is A
@@ -308,7 +308,7 @@ def test_fallback_and_components(m, ctx):
 
 
 def test_methods_never_change_their_inputs(m, ctx):
-    from patchbay.merge import registry
+    from merge import registry
 
     for method in registry.all_methods():
         inputs = tuple(x.clone() for x in (A, B, C)[: len(method.inputs) + method.variadic])

@@ -11,15 +11,15 @@ pytestmark = pytest.mark.t0
 
 
 @pytest.fixture(scope="module")
-def R(pack):
-    from patchbay.merge import recipe
+def R():
+    from merge import recipe
 
     return recipe
 
 
 @pytest.fixture(scope="module")
-def reg(pack):
-    from patchbay.merge import registry
+def reg():
+    from merge import registry
 
     return registry
 
@@ -213,7 +213,7 @@ def test_bad_definitions_are_refused_at_registration(reg, source, fragment):
 
 
 def test_fn_always_accepts_ctx(reg):
-    from patchbay.merge.context import KeyContext
+    from merge.context import KeyContext
 
     assert torch.equal(reg.get("subtract").fn(torch.ones(2), torch.ones(2), ctx=KeyContext()), torch.zeros(2))
 
@@ -241,16 +241,16 @@ def test_fn_always_accepts_ctx(reg):
     ("flux", "vae.decoder.conv_in.weight", "VAE"),
     ("unknown", "model.diffusion_model.input_blocks.0.0.weight", None),
 ])
-def test_block_of(pack, arch, key, block):
-    from patchbay.merge import blocks
+def test_block_of(arch, key, block):
+    from merge import blocks
 
     assert blocks.block_of(arch, key) == block
     if block is not None:
         assert block in blocks.block_names(arch)
 
 
-def test_block_counts_and_components(pack):
-    from patchbay.merge import blocks
+def test_block_counts_and_components():
+    from merge import blocks
 
     assert len(blocks.block_names("sd15")) == 26
     assert len([b for b in blocks.block_names("sdxl") if b != "VAE"]) == 20
@@ -273,11 +273,11 @@ def test_methods_table_lists_every_method_with_a_link(reg, doc):
     assert all("](http" in row for row in rows.values())
 
 
-def test_deep_recipes_with_shared_parts_stay_fast(R, pack):
+def test_deep_recipes_with_shared_parts_stay_fast(R):
     """Hash, equality, checks, bind and text are linear in a DAG whose parts are shared (not 2**depth)."""
     import time
 
-    from patchbay.merge import mecha_text
+    from merge import mecha_text
 
     def chain(depth):
         x, y = R.model("a"), R.model("b")
@@ -294,8 +294,8 @@ def test_deep_recipes_with_shared_parts_stay_fast(R, pack):
     assert time.perf_counter() - start < 5
 
 
-def test_check_map_refuses_entries_that_match_nothing(pack):
-    from patchbay.merge import blocks
+def test_check_map_refuses_entries_that_match_nothing():
+    from merge import blocks
 
     entries = {"IN00": 1, "*.attn2.*": 0.5, "default": 0, "model.diffusion_model.out.2.weight": 1}
     blocks.check_map(entries, "sd15")

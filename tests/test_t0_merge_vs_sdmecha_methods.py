@@ -69,9 +69,9 @@ class _NoBar:
 
 
 @pytest.fixture(scope="module")
-def ours(pack):
-    from patchbay.merge import registry
-    from patchbay.merge.context import KeyContext
+def ours():
+    from merge import registry
+    from merge.context import KeyContext
 
     def call(name, *tensors, **scalars):
         return registry.get(name).fn(*tensors, **scalars, ctx=KeyContext(key=KEY, cache={}))
@@ -144,8 +144,8 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "build", "tensors", "scalars"), CASES, ids=[c[0] for c in CASES])
-def test_same_numbers_as_sd_mecha(pack, ours, name, build, tensors, scalars):
-    from patchbay.merge import registry
+def test_same_numbers_as_sd_mecha(ours, name, build, tensors, scalars):
+    from merge import registry
 
     method = name.split("_parallel")[0].split("_sharp")[0]
     method = {"ties_sum_extended_median": "ties_sum_extended", "della": "ties_sum_with_dropout",

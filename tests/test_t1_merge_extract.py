@@ -23,10 +23,10 @@ RANK = 8
 
 
 @pytest.fixture(scope="module")
-def extracted(pack, comfy, models, tmp_path_factory):
+def extracted(comfy, models, tmp_path_factory):
     """(LoRA path, deltas) for subtract(tuned, base) over a few keys of tiny checkpoint a."""
-    from patchbay.merge import extract, io
-    from patchbay.merge import recipe as R
+    from merge import extract, io
+    from merge import recipe as R
 
     folder = tmp_path_factory.mktemp("extract")
     checkpoint = io.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
@@ -106,9 +106,9 @@ def tiny_a(comfy):
 
 
 @pytest.mark.parametrize("stem", SD15_LORAS)
-def test_lora_inputs_add_what_loraloader_adds(pack, comfy, models, tiny_a, stem):
+def test_lora_inputs_add_what_loraloader_adds(comfy, models, tiny_a, stem):
     """merge/lora.py's delta equals ComfyUI's own patch at strength 1 (every 6th key it touches)."""
-    from patchbay.merge import io, lora
+    from merge import io, lora
 
     checkpoint = models.checkpoints["patchbay-sd15-tiny-a"]
     source = lora.LoraSource(io.SafetensorsFile(models.loras[stem]), io.SafetensorsFile(checkpoint))
@@ -127,7 +127,7 @@ def test_lora_inputs_add_what_loraloader_adds(pack, comfy, models, tiny_a, stem)
 
 
 @pytest.mark.parametrize(("config", "arch", "count"), [("sd1-ldm", "sd15", 782), ("sdxl-sgm", "sdxl", 2102)])
-def test_kohya_names_equal_comfyuis_whole_unet_map(pack, comfy, config, arch, count):
+def test_kohya_names_equal_comfyuis_whole_unet_map(comfy, config, arch, count):
     """merge/lora_keys.py's fixed layouts give ComfyUI's own kohya map (``model_lora_keys_unet`` on the
     config ComfyUI detects), name for name, for every weight of the real SD1.5 and SDXL UNets (key
     names and shapes from sd-mecha's model configs, as meta tensors: nothing is allocated)."""
@@ -138,7 +138,8 @@ def test_kohya_names_equal_comfyuis_whole_unet_map(pack, comfy, config, arch, co
     import comfy.model_detection
     import sd_mecha
     import yaml
-    from patchbay.merge import io, lora_keys
+
+    from merge import io, lora_keys
 
     spec = Path(sd_mecha.__path__[0]) / f"extensions/builtin/model_configs/{config}.yaml"
     unet = yaml.safe_load(spec.read_text())["components"]["diffuser"]
