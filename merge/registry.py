@@ -9,7 +9,11 @@ checked against it when they are built, and every float must be finite. The retu
 annotation gives the output space (``AnySpace`` = the space of the ``AnySpace`` inputs).
 
 The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn`` always accepts
-``ctx`` even when the decorated function does not declare it.
+``ctx`` even when the decorated function does not declare it. ``elementwise=True`` lets it call
+``fn`` on slices of the tensors.
+
+Importing this module registers the built-in methods (merge/methods/, imported at its end); a
+built-in module that fails to import fails this import too, so no caller sees methods missing.
 """
 
 from __future__ import annotations

@@ -142,17 +142,8 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
                 sources.append(SourceSpec(path, node.space))
             step: Any = Leaf(index[path])
         elif isinstance(node, CallNode):
-            try:
-                method = registry.get(node.method)
-            except registry.UnknownMethodError as error:
-                raise RecipeError((node.method,), str(error)) from None
-            kwargs = dict(node.kwargs)
-            for name in kwargs:
-                try:
-                    method.param(name)
-                except KeyError as error:
-                    raise RecipeError((node.method,), str(error.args[0])) from None
-            step = Call(method, tuple(visit(a) for a in node.args), {k: visit(v) for k, v in kwargs.items()})
+            method = _method_of(node)
+            step = Call(method, tuple(visit(a) for a in node.args), {k: visit(v) for k, v in node.kwargs})
             if cache is not None:
                 step.cache = cache.setdefault((node.method, node.args), {})
         elif isinstance(node, LiteralNode):
@@ -169,6 +160,20 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
     if not sources:
         raise RecipeError((), "the recipe has no model input; nothing to merge")
     return Graph(root, sources)
+
+
+def _method_of(node: CallNode) -> registry.MergeMethod:
+    """The registered method a call names, after checking its parameter names (a RecipeError if not)."""
+    try:
+        method = registry.get(node.method)
+    except registry.UnknownMethodError as error:
+        raise RecipeError((node.method,), str(error)) from None
+    for name, _ in node.kwargs:
+        try:
+            method.param(name)
+        except KeyError as error:
+            raise RecipeError((node.method,), str(error.args[0])) from None
+    return method
 
 
 def check_maps(graph: Graph, arch: str, keys: list[str]) -> None:
