@@ -81,14 +81,14 @@ class Graph:
                 continue
             seen.add(id(step))
             found += [(f"{step.method.name}.{name}", v) for name, v in step.kwargs.items()
-                      if getattr(v, "is_map", False)]
+                      if isinstance(v, LiteralNode)]  # compiled scalars are plain values
             stack += [*step.args, *step.kwargs.values()]
         return found
 
     @staticmethod
     def scalar(value: Any, key: str, arch: str) -> Any:
         """A scalar for ``key``: numbers pass through, a map literal is resolved per block or key glob."""
-        return value.scalar_for(arch, key) if hasattr(value, "scalar_for") else value
+        return value.scalar_for(arch, key) if isinstance(value, LiteralNode) else value
 
 
 class FileSource:
