@@ -121,7 +121,7 @@ def test_hook_engine_on_compiled_unet_leaves_hooks_to_core(run, caplog):
     reach the compiled UNet; the result equals LoraLoader and a new seed compiles nothing."""
     import logging
 
-    he = importlib.import_module(run.mp.__name__.rsplit(".", 1)[0] + ".hook_engine")
+    he = importlib.import_module(run.mp.__name__.rsplit(".", 2)[0] + ".hooks.enable")
     n = run.n
     (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
     (pos,) = n["ConditioningSetProperties"]().set_properties(run.positive, 1.0, "default", hooks=hooks)
