@@ -3,12 +3,13 @@
 Data flow (nodes -> hooks -> patcher -> comfy)::
 
     enable_hook_engine(model) -> patcher.upgrade() clone
-        patcher.set_hook_claimer(clone, "hooks", HookEngine) (the engine of the input if it has one,
-                                so caches and plans survive re-running the node; clones share it)
+        patcher.set_hook_claimer(clone, "hooks", FastHooks(engine, rounding)): the HookEngine of the
+                                input if it has one, so caches and plans survive re-running the node
+                                (clones share it), with this clone's rounding. Nothing goes into
+                                transformer_options, which a compiled model's graphs guard on.
         patcher.registry wrappers under "patchbay.hooks": OUTER_SAMPLE (forward hooks on/off),
                                 CALC_COND_BATCH (strip claimed hooks, advance keyframes),
                                 APPLY_MODEL (per-row strengths)
-        transformer_options[ROUNDING_KEY] = rounding
     sampling: the patcher's register_all_hook_patches asks its claimers (HookEngine.claim) which
               WeightHooks they run; hooks/engine.py does the rest.
     enable_clip_cache(clip) -> CLIP clone with the object patch encode_token_weights -> CachedEncode
@@ -17,13 +18,13 @@ Data flow (nodes -> hooks -> patcher -> comfy)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..patcher import registry
 from ..patcher.model_patcher import hook_claimer, set_hook_claimer, upgrade
 from .clip_cache import CachedEncode
 from .engine import (
-    ROUNDING_KEY,
     ROUNDINGS,
     HookEngine,
     apply_model_wrapper,
@@ -46,10 +47,27 @@ _WRAPPERS = (("outer_sample", outer_sample_wrapper), ("calc_cond_batch", calc_co
              ("apply_model", apply_model_wrapper))
 
 
+@dataclass(frozen=True)
+class FastHooks:
+    """The hook engine as the patcher's hook claimer (patcher.model_patcher.HookClaimer), with a rounding."""
+
+    engine: HookEngine
+    rounding: str = "compute"
+
+    def claim(self, patcher: ModelPatcher, hooks: Any, model_options: dict) -> list[Any]:
+        return self.engine.claim(patcher, hooks, model_options, self.rounding)
+
+    def for_core(self, patcher: ModelPatcher, hook: Any) -> Any:
+        return self.engine.for_core(patcher, hook)
+
+    def runs_hooks_on(self, patcher: ModelPatcher) -> bool:
+        return self.engine.runs_hooks_on(patcher)
+
+
 def hook_engine_of(model: ModelPatcher) -> HookEngine | None:
     """The hook engine enabled on ``model``, or None."""
-    engine = hook_claimer(model, CLAIMER_KEY)
-    return engine if isinstance(engine, HookEngine) else None
+    claimer = hook_claimer(model, CLAIMER_KEY)
+    return claimer.engine if isinstance(claimer, FastHooks) else None
 
 
 def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0,
@@ -73,8 +91,7 @@ def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0,
         engine = HookEngine(int(cache_mb * 2**20))
     else:
         engine.cache.resize(int(cache_mb * 2**20))
-    set_hook_claimer(clone, CLAIMER_KEY, engine)
-    clone.model_options.setdefault("transformer_options", {})[ROUNDING_KEY] = rounding
+    set_hook_claimer(clone, CLAIMER_KEY, FastHooks(engine, rounding))
     for wrapper_type, fn in _WRAPPERS:
         registry.set_wrapper(clone, wrapper_type, WRAPPER_KEY, fn)
     return clone

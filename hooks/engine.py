@@ -6,7 +6,7 @@ Data flow (see docs/design-hook-engine.md)::
       (our patcher) -> HookEngine.claim(patcher, hooks, model_options)
           per WeightHook: HookPatches parsed once per (hook content, model) and cached
           runnable hooks -> RunPlan {hook_ref: index}, {module: ModuleDeltas} (cached per hook set and
-                            rounding, model_options["transformer_options"][ROUNDING_KEY])
+                            rounding, the claimer's: hooks/enable.py)
           the rest is left to core (one DEBUG line each, saying why)
           RunPlan stored in model_options["transformer_options"][RUN_KEY]
     OUTER_SAMPLE wrapper: forward hooks installed on the plan's modules; removed in ``finally``
@@ -42,13 +42,12 @@ from .cache import TensorCache
 from .lowrank import ModuleDeltas, RowStrengths
 from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, load_hook_patches
 
-__all__ = ["ROUNDINGS", "ROUNDING_KEY", "RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
+__all__ = ["ROUNDINGS", "RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
            "calc_cond_batch_wrapper", "outer_sample_wrapper"]
 
 log = logging.getLogger("patchbay.hooks")
 
 RUN_KEY = "patchbay.hooks.run"
-ROUNDING_KEY = "patchbay.hooks.rounding"  # transformer_options: one of ROUNDINGS, default "compute"
 _COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 _PLANS_KEPT = 8
 
@@ -139,8 +138,11 @@ class HookEngine:
         """Whether the engine runs hooks on ``patcher`` at all (not on a torch.compile'd model)."""
         return _compiled_part(patcher) is None
 
-    def claim(self, patcher: Any, hooks: Any, model_options: dict) -> list[Any]:
-        """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``."""
+    def claim(self, patcher: Any, hooks: Any, model_options: dict, rounding: str = "compute") -> list[Any]:
+        """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``.
+
+        rounding: one of ROUNDINGS (hooks/plan.py), the setting of the claimer that asks.
+        """
         model = patcher.model
         compiled = _compiled_part(patcher)
         if compiled is not None:
@@ -160,7 +162,6 @@ class HookEngine:
         if not claimed:
             return []
         refs = tuple(by_ref)
-        rounding = model_options.get("transformer_options", {}).get(ROUNDING_KEY, "compute")
         modules = self._modules(patcher, refs, by_ref, rounding)
         def build(other: Any) -> dict:
             return self._modules(other, refs, by_ref, rounding)
