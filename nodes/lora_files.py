@@ -1,0 +1,95 @@
+"""LoRA and checkpoint files by name for the hook nodes: lookup in ComfyUI's folders with a did-you-mean.
+
+The one place the hook nodes touch ``folder_paths`` and read files; hooks/ only sees state dicts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import OrderedDict
+from pathlib import PurePath
+
+import comfy.hooks
+import comfy.sd
+import comfy.utils
+import folder_paths
+
+__all__ = ["NONE", "LoraFiles", "ReadsLoras", "UnknownFileError", "lora_names", "names", "resolve"]
+
+NONE = "None"
+
+
+class UnknownFileError(ValueError):
+    """A file name not found in its ComfyUI folder; the message lists the nearest names."""
+
+
+def names(folder: str) -> list[str]:
+    return folder_paths.get_filename_list(folder)
+
+
+def lora_names() -> list[str]:
+    return names("loras")
+
+
+def resolve(name: str, folder: str = "loras") -> tuple[str, str]:
+    """(file name as listed, full path) for ``name``; the extension and the subfolder may be left out.
+
+    Raises UnknownFileError with the three nearest names in the folder.
+    """
+    names = folder_paths.get_filename_list(folder)
+    wanted = name.strip().replace("\\", "/")
+    if wanted in names:
+        return wanted, folder_paths.get_full_path_or_raise(folder, wanted)
+    stems = {PurePath(n).stem.lower(): n for n in names}
+    stem = PurePath(wanted).stem.lower()
+    if stem in stems:
+        found = stems[stem]
+        return found, folder_paths.get_full_path_or_raise(folder, found)
+    near = difflib.get_close_matches(stem, list(stems), n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(repr(stems[n]) for n in near)}?" if near else \
+        f"the {folder} folder holds {len(names)} file(s); put the file there or fix the name."
+    raise UnknownFileError(f"no {folder[:-1] if folder.endswith('s') else folder} named {name!r}; {hint}")
+
+
+class LoraFiles:
+    """Per-node cache of the last ``size`` files read (as core's CreateHookLora keeps its last LoRA)."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._cache: OrderedDict[str, object] = OrderedDict()
+        self._size = size
+
+    def _get(self, path: str, load):
+        if path in self._cache:
+            self._cache.move_to_end(path)
+        else:
+            self._cache[path] = load(path)
+            while len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return self._cache[path]
+
+    def lora(self, name: str) -> tuple[str, dict]:
+        """(resolved name, state dict) of the LoRA ``name``."""
+        found, path = resolve(name, "loras")
+        return found, self._get(path, lambda p: comfy.utils.load_torch_file(p, safe_load=True))
+
+    def checkpoint_weights(self, name: str) -> tuple[dict, dict | None]:
+        """(model weights, CLIP weights or None) of the checkpoint ``name``, for model-as-LoRA hooks."""
+        _, path = resolve(name, "checkpoints")
+        return self._get(path, _checkpoint_weights)
+
+
+def _checkpoint_weights(path: str) -> tuple[dict, dict | None]:
+    model, clip, *_ = comfy.sd.load_checkpoint_guess_config(
+        path, output_vae=False, output_clip=True,
+        embedding_directory=folder_paths.get_folder_paths("embeddings"))
+    return (comfy.hooks.get_patch_weights_from_model(model),
+            comfy.hooks.get_patch_weights_from_model(clip.patcher if clip is not None else None))
+
+
+class ReadsLoras:
+    """Base of the nodes that read LoRA files: each node instance keeps its last ``FILES_KEPT`` files."""
+
+    FILES_KEPT = 4
+
+    def __init__(self) -> None:
+        self.files = LoraFiles(self.FILES_KEPT)
