@@ -1,7 +1,8 @@
 # Every target sets up what it needs: devtools/env.sh builds (once) or reuses the cached Python 3.11
 # environment of one ComfyUI version, and tiny models (shared by all versions) are generated on first use.
-# COMFYUI picks the version: `make test` runs every tier on each of TESTED_COMFYUI in turn, and
-# `make test COMFYUI=0.33` on that one; the other targets use one version, DEFAULT_COMFYUI unless told.
+# COMFYUI picks the version: `make test` runs every tier on the first of TESTED_COMFYUI and t1-t3 on
+# the others in turn (t0 imports no ComfyUI: it cannot differ), `make test COMFYUI=0.33` every tier on
+# that one; the other targets use one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 .PHONY: help demo run test test-one lint models workflows env clean bench-hooks bench-merge
@@ -34,10 +35,12 @@ run:
 	@$(call with_env) && "$$PY" devtools/demo.py --serve
 
 test:
-	@failed=""; for version in $(or $(COMFYUI),$(TESTED_COMFYUI)); do \
-		echo "=== make test on ComfyUI $$version ==="; started=$$SECONDS; \
-		$(MAKE) --no-print-directory test-one COMFYUI=$$version || failed="$$failed $$version"; \
+	@failed=""; tiers=""; for version in $(or $(COMFYUI),$(TESTED_COMFYUI)); do \
+		echo "=== make test on ComfyUI $$version: tiers $${tiers:-t0 t1 t2 t3} ==="; started=$$SECONDS; \
+		PATCHBAY_TIERS="$$tiers" $(MAKE) --no-print-directory test-one COMFYUI=$$version \
+			|| failed="$$failed $$version"; \
 		echo "=== ComfyUI $$version: $$((SECONDS - started)) s ==="; \
+		tiers="t1 t2 t3"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED on ComfyUI$$failed (see above)"; exit 1; fi; \
 	echo "make test: passed on ComfyUI $(or $(COMFYUI),$(TESTED_COMFYUI))"
