@@ -49,8 +49,8 @@ def schedule_image(traces: Sequence[StrengthTrace], percents: Sequence[float], s
     for row, trace in enumerate(traces):
         y = top + row * _LANE_H
         draw.line([(x0, y + _LANE_H), (x0 + plot_w, y + _LANE_H)], fill=_GRID)
-        draw.text((_PAD, y + _LANE_H / 2), _fit(draw, trace.name, normal, _LABEL_W - 10), fill=_TEXT,
-                  font=normal, anchor="lm")
+        label = _fit(draw, trace.name.removesuffix(".safetensors"), normal, _LABEL_W - 10)
+        draw.text((_PAD, y + _LANE_H / 2), label, fill=_TEXT, font=normal, anchor="lm")
         for step, value in enumerate(trace.strengths):
             _bar(draw, (x0 + step * step_w, y, step_w, _LANE_H), value, peak, small)
     _axis(draw, (x0, top + plot_h), percents, step_w, small)

@@ -233,6 +233,21 @@ def test_scheduled_lora_equals_core_chain(rig):
     assert len(hooks) == 1
 
 
+def test_scheduled_lora_with_clip_schedule_equals_core_chain(rig):
+    model, clip, _hooks = rig.node("PatchbayScheduledLora").apply(rig.model, rig.clip, LORA, 0.9, 1.0,
+                                                                   "0.2@0, 1@0.5", "percent", True)
+    (core_hooks,) = rig.node("CreateHookLora").create_hook(LORA, 0.9, 1.0)
+    (core_hooks,) = rig.node("SetHookKeyframes").set_hook_keyframes(
+        core_hooks, rig.core_keyframes([(0.2, 0.0), (1.0, 0.5)]))
+    (core_clip,) = rig.node("SetClipHooks").apply_hooks(rig.clip, True, True, core_hooks)
+    expected_pos = rig.encode_with(core_clip, "a knight in armor")
+    pos = rig.encode_with(clip, "a knight in armor")
+    assert len(pos) == len(expected_pos) == 2, "one encoding per keyframe range"
+    expected = rig.sample(rig.model, expected_pos)
+    assert_close(rig.sample(rig.model, pos), expected, "CLIP-scheduled LoRA on core's path")
+    assert_close(rig.sample(model, pos), expected, "CLIP-scheduled LoRA on the fast engine")
+
+
 def test_scheduled_lora_clip_schedule_needs_percent(rig):
     with pytest.raises(ValueError, match="schedule_clip needs positions in percent"):
         rig.node("PatchbayScheduledLora").apply(rig.model, rig.clip, LORA, 1.0, 1.0, "0@0, 1@2", "step", True)
