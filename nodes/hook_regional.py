@@ -27,10 +27,12 @@ class PatchbayRegionalLora(lora_files.ReadsLoras):
                    "out.")
     CATEGORY = CATEGORY
     FUNCTION = "combine"
-    RETURN_TYPES = ("CONDITIONING", "MODEL")
-    RETURN_NAMES = ("conditioning", "model")
+    RETURN_TYPES = ("CONDITIONING", "MODEL", "IMAGE")
+    RETURN_NAMES = ("conditioning", "model", "regions")
     OUTPUT_TOOLTIPS = ("Every region with its mask and LoRA hook, and the base on the rest: the sampler's "
-                       "positive.", _FAST_TIP)
+                       "positive.", _FAST_TIP,
+                       "A diagram of the regions (feathered masks, numbered, with their LoRAs): connect a "
+                       "Preview Image to check them before sampling.")
     FILES_KEPT = REGIONS
 
     @classmethod
@@ -54,8 +56,19 @@ class PatchbayRegionalLora(lora_files.ReadsLoras):
         }
 
     def combine(self, model: ModelPatcher, feather: int = 0, base: list | None = None, **inputs) -> tuple:
-        found = [self._region(model, i, inputs) for i in range(1, REGIONS + 1) if inputs.get(f"cond_{i}")]
-        return regions.regional_conditioning(found, base, feather), fast_hooks.enable_hook_engine(model)
+        numbers = [i for i in range(1, REGIONS + 1) if inputs.get(f"cond_{i}")]
+        found = [self._region(model, i, inputs) for i in numbers]
+        cond = regions.regional_conditioning(found, base, feather)
+        labels = [self._label(inputs.get(f"lora_{i}", lora_files.NONE), inputs.get(f"strength_{i}", 1.0))
+                  for i in numbers]
+        diagram = regions.region_diagram(found, labels, base is not None, feather)
+        return cond, fast_hooks.enable_hook_engine(model), diagram
+
+    @staticmethod
+    def _label(name: str, strength: float) -> str:
+        if name == lora_files.NONE:
+            return "no LoRA"
+        return f"{name.rsplit('/', 1)[-1].removesuffix('.safetensors')} {strength:g}"
 
     def _region(self, model: ModelPatcher, i: int, inputs: dict) -> regions.Region:
         name, hooks = inputs.get(f"lora_{i}", lora_files.NONE), None

@@ -329,7 +329,7 @@ def test_regional_lora_equals_core_chain(rig, feather):
     left, right = thirds()
     masks = [regions.feather(m, feather) for m in (left, right)]
     expected_cond = core_regions(rig, masks, 1.0 - torch.maximum(masks[0], masks[1]))
-    cond, model = rig.node("PatchbayRegionalLora").combine(
+    cond, model, _ = rig.node("PatchbayRegionalLora").combine(
         rig.model, feather, base=rig.encode("a sunny day"),
         cond_1=rig.encode("a red castle"), mask_1=left, lora_1=LORA, strength_1=1.0,
         cond_3=rig.encode("a green forest"), mask_3=right, lora_3=LOCON, strength_3=0.8, lora_2="None")
@@ -350,6 +350,28 @@ def test_feather_softens_edges_only(rig):
     assert torch.equal(regions.feather(left, 0), left)
     with pytest.raises(ValueError, match="feather -1 is negative"):
         regions.feather(left, -1)
+
+
+def test_region_diagram_colours_each_region_where_its_mask_is(rig):
+    regions = importlib.import_module(rig.comfy.pack.__name__ + ".hooks.regions")
+    left, right = thirds()
+    *_, diagram = rig.node("PatchbayRegionalLora").combine(
+        rig.model, 0, base=rig.encode("a sunny day"), cond_1=rig.encode("a red castle"), mask_1=left,
+        lora_1=LORA, strength_1=1.0, cond_2=rig.encode("a green forest"), mask_2=right, lora_2="None")
+    assert diagram.shape == (1, 512, 512, 3) and diagram.dtype == torch.float32
+    pixel = (diagram[0] * 255).round().int()
+
+    def colour_at(x):  # a row away from the labels, which sit at the masks' centres (row 256)
+        return tuple(pixel[40, x].tolist())
+
+    assert colour_at(20) == regions.REGION_COLOURS[0]
+    assert colour_at(500) == regions.REGION_COLOURS[1]
+    assert colour_at(256) == regions.BASE_COLOUR  # columns 24..39 of 64: neither mask, the base
+    *_, soft = rig.node("PatchbayRegionalLora").combine(
+        rig.model, 4, cond_1=rig.encode("a red castle"), mask_1=left, lora_1="None")
+    edge = tuple((soft[0, 40, 24 * 8 + 4] * 255).round().int().tolist())  # feathered edge, no base
+    assert edge == regions.REGION_COLOURS[0]  # the only region: its colour wherever its mask is > 0
+    assert tuple((soft[0, 40, 500] * 255).round().int().tolist()) != regions.REGION_COLOURS[0]
 
 
 def test_regional_lora_needs_a_region(rig):
