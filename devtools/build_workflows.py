@@ -12,6 +12,12 @@ against a live ComfyServer, laid out here (left to right by dependency, no overl
 The builder then checks that the frontend would queue exactly the source prompt, and saves a small
 ``workflows/<name>.jpg`` thumbnail for the template browser. Output is deterministic: stable link
 ids, a workflow id derived from the name, seeds set to "fixed", no saved viewport.
+
+A source may hold note nodes (``{"class_type": "MarkdownNote", "inputs": {"text": ...}}``, or
+``Note``): the frontend builds them like any node and never queues them, so they are left out of the
+queued-prompt check and checked on their own: same id, title and text in the built workflow. A
+SaveImage node whose ``_meta`` has ``"thumbnail": true`` makes the thumbnail the image it saves when
+the source runs (the outcome: a plot, a region diagram); without one the thumbnail is the graph.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import devpaths
 from comfy_server import ComfyServer
 from frontend import HEADLESS_SETTINGS, Frontend
 from widget_layout import EXTENSION_WIDGETS
+from workflow_api import FRONTEND_ONLY_TYPES
 
 SOURCES_DIR = devpaths.ROOT / "devtools" / "workflow_sources"
 TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: drawn above a node's pos
@@ -37,6 +44,8 @@ SLOT_HEIGHT = 20  # LiteGraph.NODE_SLOT_HEIGHT
 LAYOUT_PASSES = 3
 LAYOUT_ROUNDS = 3  # lay out, load, export again while the frontend changes node sizes
 THUMBNAIL_WIDTH = 640
+NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
+NOTE_SIZE = (560, 300)  # wide enough for a few lines at the zoom that fits the whole graph
 ID_NAMESPACE = uuid.UUID("6f0d3c1e-2a57-4c7e-9a43-5b2f7a1d0c11")
 
 
@@ -78,9 +87,17 @@ def layout(workflow: dict[str, Any]) -> dict[str, Any]:
 
     Within a column nodes keep their id order (the order the source lists them in). The first pass
     places each node by its inputs; later passes weigh its consumers (as the pass before placed
-    them) too, so loaders and empty latents sit beside what they feed.
+    them) too, so loaders and empty latents sit beside what they feed. Notes go first, in a row
+    across the top, at NOTE_SIZE; the graph starts below them.
     """
-    nodes = {node["id"]: node for node in workflow["nodes"]}
+    notes = sorted((node for node in workflow["nodes"] if node["type"] in NOTE_TYPES), key=lambda n: n["id"])
+    x = ORIGIN[0]
+    for note in notes:
+        note["size"] = list(NOTE_SIZE)
+        note["pos"] = [round(x), round(ORIGIN[1])]
+        x += NOTE_SIZE[0] + GAP_X
+    top = ORIGIN[1] + (NOTE_SIZE[1] + TITLE_HEIGHT + GAP_Y if notes else 0)
+    nodes = {node["id"]: node for node in workflow["nodes"] if node["type"] not in NOTE_TYPES}
     edges = _link_ends(workflow)
     column = _columns(sorted(nodes), edges)
     columns = [[nid for nid in sorted(nodes) if column[nid] == col]
@@ -90,17 +107,18 @@ def layout(workflow: dict[str, Any]) -> dict[str, Any]:
     for _ in range(LAYOUT_PASSES):
         previous, ys = ys, {}
         for members in columns:
-            _place_column(members, heights, edges, ys, previous)
+            _place_column(members, heights, edges, ys, previous, top)
+    lift = min(ys.values(), default=0.0) - (top + TITLE_HEIGHT)  # passes drift down: start at the top
     x = ORIGIN[0]
     for members in columns:
         for nid in members:
-            nodes[nid]["pos"] = [round(x), round(ys[nid])]
+            nodes[nid]["pos"] = [round(x), round(ys[nid] - lift)]
         x += max(nodes[nid]["size"][0] for nid in members) + GAP_X
     return workflow
 
 
 def _place_column(members: list[Any], heights: dict[Any, float], edges: list[tuple[Any, int, Any, int]],
-                  ys: dict[Any, float], previous: dict[Any, float]) -> None:
+                  ys: dict[Any, float], previous: dict[Any, float], top: float) -> None:
     """Stack one column top-down in node id order (the source's reading order), each node as near its
     wanted height as the node above allows."""
     def wanted(nid: Any) -> float:
@@ -108,7 +126,7 @@ def _place_column(members: list[Any], heights: dict[Any, float], edges: list[tup
         near += [previous[t] + SLOT_HEIGHT * ts for o, _, t, ts in edges if o == nid and t in previous]
         return sum(near) / len(near) if near else float("inf")
 
-    cursor = ORIGIN[1] + TITLE_HEIGHT
+    cursor = top + TITLE_HEIGHT
     for nid in sorted(members):
         want = wanted(nid)
         ys[nid] = cursor if want == float("inf") else max(want, cursor)
@@ -152,6 +170,8 @@ def _check_queues_source(name: str, source: dict[str, Any], output: dict[str, An
                                            if key not in _extension_widget_names(node["class_type"])})
                 for nid, node in prompt.items()}
 
+    source = {nid: node for nid, node in source.items() if node["class_type"] not in FRONTEND_ONLY_TYPES}
+
     if core(output) != core(source):
         diff = [nid for nid in sorted(set(source) | set(output), key=str)
                 if core(source).get(nid) != core(output).get(nid)]
@@ -164,8 +184,31 @@ def _check_queues_source(name: str, source: dict[str, Any], output: dict[str, An
             raise BuildError(f"{name}: node {nid} lost its title {title!r}")
 
 
+def _check_notes(name: str, source: dict[str, Any], workflow: dict[str, Any]) -> None:
+    """Every note of the source is in the built workflow: same id, type, title and text."""
+    built = {str(node["id"]): node for node in workflow["nodes"]}
+    for nid, entry in source.items():
+        if entry["class_type"] not in FRONTEND_ONLY_TYPES:
+            continue
+        node = built.get(nid)
+        text = entry["inputs"].get("text")
+        title = (entry.get("_meta") or {}).get("title")
+        if (node is None or node["type"] != entry["class_type"] or (title and node.get("title") != title)
+                or (text is not None and text not in (node.get("widgets_values") or []))):
+            raise BuildError(f"{name}: note node {nid} ({entry['class_type']}) did not come through the "
+                             f"frontend with its title and text; built: {node}")
+
+
 def _extension_widget_names(node_type: str) -> set[str]:
     return {widget.name for versions in EXTENSION_WIDGETS.get(node_type, ()) for widget in versions}
+
+
+def _fit_titles(workflow: dict[str, Any], widths: dict[str, float]) -> None:
+    """Widen each node whose title the frontend would cut off ("Trace Timeline (runs af...")."""
+    for node in workflow["nodes"]:
+        need = widths.get(str(node["id"]), 0.0)
+        if node["size"][0] < need:
+            node["size"] = [round(need), node["size"][1]]
 
 
 def _sizes(workflow: dict[str, Any]) -> dict[Any, list]:
@@ -183,6 +226,7 @@ def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str
     frontend.set_widget_values("control_after_generate", "fixed")
     result = frontend.graph_to_prompt()
     for _ in range(LAYOUT_ROUNDS):  # a node loaded from a draft may take another size than in it
+        _fit_titles(result["workflow"], frontend.title_widths())
         draft = normalize(layout(result["workflow"]), name)
         frontend.load_workflow(draft, name)
         errors = frontend.error_messages()
@@ -192,6 +236,7 @@ def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str
         if _sizes(result["workflow"]) == _sizes(draft):
             break
     _check_queues_source(name, source, result["output"])
+    _check_notes(name, source, result["workflow"])
     return normalize(result["workflow"], name)
 
 
@@ -202,13 +247,48 @@ def thumbnail(frontend: Frontend, target: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         shot = frontend.screenshot_graph(Path(tmp) / "shot.png")
         image = Image.open(shot).convert("RGB")
-    if image.width > THUMBNAIL_WIDTH:
+    return _save_thumbnail(image, target, enlarge=False)
+
+
+def _save_thumbnail(image: Any, target: Path, *, enlarge: bool) -> Path:
+    """``image`` (PIL) THUMBNAIL_WIDTH wide (smaller ones kept unless ``enlarge``) as a JPEG."""
+    from PIL import Image
+
+    if image.width > THUMBNAIL_WIDTH or enlarge:
         image = image.resize((THUMBNAIL_WIDTH, round(image.height * THUMBNAIL_WIDTH / image.width)),
                              Image.Resampling.LANCZOS)
     buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=85, optimize=True)
+    image.convert("RGB").save(buffer, "JPEG", quality=85, optimize=True)
     target.write_bytes(buffer.getvalue())
     return target
+
+
+def _thumbnail_node(source: dict[str, Any]) -> str | None:
+    """The id of the image-saving node whose ``_meta`` says ``"thumbnail": true``, if any."""
+    marked = [nid for nid, node in source.items() if (node.get("_meta") or {}).get("thumbnail")]
+    if len(marked) > 1:
+        raise BuildError(f"nodes {marked} are all marked as the thumbnail; mark one")
+    return marked[0] if marked else None
+
+
+def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], target: Path) -> Path:
+    """The template browser's picture as the outcome: run the source and shrink the image that its
+    thumbnail node saved (a schedule plot, a region diagram), instead of a picture of the graph."""
+    from PIL import Image
+
+    nid = _thumbnail_node(source)
+    prefix = str(source[nid]["inputs"].get("filename_prefix", ""))
+    prompt = {key: {"class_type": node["class_type"], "inputs": node["inputs"]}
+              for key, node in source.items() if node["class_type"] not in FRONTEND_ONLY_TYPES}
+    result = server.run(prompt, timeout=600)
+    if not result.ok:
+        raise BuildError(f"{name}: running it for its thumbnail failed: {result.error}")
+    saved = [path for path in result.outputs if path.name.startswith(Path(prefix).name + "_")]
+    if not saved:
+        raise BuildError(f"{name}: thumbnail node {nid} saved no image named {prefix}_*; it must be a "
+                         f"SaveImage whose filename_prefix is unique in the workflow")
+    with Image.open(saved[0]) as image:
+        return _save_thumbnail(image, target, enlarge=True)
 
 
 def dumps(workflow: dict[str, Any]) -> str:
@@ -244,7 +324,11 @@ def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> in
                 continue
             out_dir.mkdir(parents=True, exist_ok=True)
             target.write_text(workflow)
-            thumbnail(frontend, target.with_suffix(".jpg"))
+            source = json.loads(path.read_text())
+            if _thumbnail_node(source):
+                output_thumbnail(server, name, source, target.with_suffix(".jpg"))
+            else:
+                thumbnail(frontend, target.with_suffix(".jpg"))
             print(f"built {target.relative_to(out_dir.parent)} (+ .jpg) from {path.name}")
     if stale:
         print(f"out of date: {stale}; run 'python devtools/build_workflows.py'", file=sys.stderr)

@@ -126,6 +126,17 @@ class Frontend:
         known = self.registered_node_types()
         return sorted({node["type"] for node in workflow.get("nodes", []) if node["type"] not in known})
 
+    def title_widths(self) -> dict[str, float]:
+        """Per loaded node id: the width its whole title needs (title text as litegraph draws it, in
+        its title font, plus the collapse dot's space on the left and a margin on the right)."""
+        return self.evaluate("""() => { const ctx = document.createElement("canvas").getContext("2d");
+            ctx.font = `${LiteGraph.NODE_TEXT_SIZE}px ${LiteGraph.NODE_FONT}`;
+            const out = {};
+            for (const node of app.graph.nodes)
+                out[String(node.id)] = ctx.measureText(node.getTitle() ?? "").width
+                                       + LiteGraph.NODE_TITLE_HEIGHT + 16;
+            return out; }""")
+
     def nodes_with_errors(self) -> list[list[Any]]:
         """[id, type] of loaded nodes the frontend flagged (e.g. placeholders for missing types)."""
         return self.evaluate("() => app.graph.nodes.filter(n => n.has_errors).map(n => [n.id, n.type])")

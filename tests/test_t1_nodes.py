@@ -54,6 +54,19 @@ def test_every_node_is_used_by_a_bundled_workflow(comfy):
     assert not unused, f"no bundled workflow in workflows/ uses {sorted(unused)}"
 
 
+def test_every_bundled_workflow_opens_with_a_note_on_what_to_change_and_look_at():
+    import devpaths
+
+    for path in sorted(devpaths.WORKFLOWS_DIR.glob("*.json")):
+        nodes = json.loads(path.read_text())["nodes"]
+        notes = [node for node in nodes if node["type"] in ("Note", "MarkdownNote")]
+        assert len(notes) == 1, f"{path.name}: {len(notes)} note nodes, want one"
+        text = notes[0]["widgets_values"][0]
+        assert "**Change:**" in text and "**Look at:**" in text, f"{path.name}: note lacks Change/Look at"
+        top_left = min(nodes, key=lambda node: (node["pos"][1], node["pos"][0]))
+        assert top_left is notes[0], f"{path.name}: the note is not the first thing in the graph"
+
+
 def test_floats_make_core_keyframes(comfy):
     floats_node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayFloatsRamp"]()
     (values,) = floats_node.make(start=1.0, end=0.0, count=5, easing="linear")
