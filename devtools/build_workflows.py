@@ -23,6 +23,7 @@ the source runs (the outcome: a plot, a region diagram); without one the thumbna
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
 import sys
@@ -39,13 +40,17 @@ from workflow_api import FRONTEND_ONLY_TYPES
 
 SOURCES_DIR = devpaths.ROOT / "devtools" / "workflow_sources"
 TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: drawn above a node's pos
-GAP_X, GAP_Y, ORIGIN = 80, 40, (40.0, 60.0)
+GAP_X, GAP_Y, ORIGIN = 40, 40, (40.0, 60.0)
 SLOT_HEIGHT = 20  # LiteGraph.NODE_SLOT_HEIGHT
 LAYOUT_PASSES = 3
 LAYOUT_ROUNDS = 3  # lay out, load, export again while the frontend changes node sizes
 THUMBNAIL_WIDTH = 640
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
-NOTE_SIZE = (560, 300)  # wide enough for a few lines at the zoom that fits the whole graph
+NOTE_SIZE = (480, 280)  # a few lines, readable at the zoom that fits the whole graph
+FIT_CANVAS = (1425, 755)  # graph units Fit View fills on 1920x1080 at zoom 1 (measured; it leaves margins)
+COLUMN_CAPS = (None, 1400.0, 1100.0, 800.0, 600.0)
+TEXT_NODE_WIDTH = 400  # the width LiteGraph gives a node with a multiline text box
+TEXT_NODE_SHRINK = (80, 50)  # prompts here are a line or two: a smaller box fits the graph at a larger zoom
 ID_NAMESPACE = uuid.UUID("6f0d3c1e-2a57-4c7e-9a43-5b2f7a1d0c11")
 
 
@@ -83,26 +88,64 @@ def _columns(node_ids: list[Any], edges: list[tuple[Any, int, Any, int]]) -> dic
 
 
 def layout(workflow: dict[str, Any]) -> dict[str, Any]:
-    """Place nodes in dependency columns, each near the mean height of its neighbours, none overlapping.
+    """Place nodes in dependency columns, each near the mean height of its neighbours, none overlapping,
+    choosing among a few arrangements the one the frontend's Fit View shows largest on a 1080p screen.
 
     Within a column nodes keep their id order (the order the source lists them in). The first pass
     places each node by its inputs; later passes weigh its consumers (as the pass before placed
-    them) too, so loaders and empty latents sit beside what they feed. Notes go first, in a row
-    across the top, at NOTE_SIZE; the graph starts below them.
+    them) too, so loaders and empty latents sit beside what they feed. Notes (NOTE_SIZE) go either in
+    a row across the top or first in the leftmost column; a column taller than a cap may be split into
+    side-by-side sub-columns (nodes of one column never link to each other, so links still run left to
+    right). The candidates are scored by FIT_CANVAS; ties keep the earlier, simpler one.
     """
+    best: tuple[float, dict[str, Any]] | None = None
+    for notes_on_top in (True, False):
+        for cap in COLUMN_CAPS:
+            candidate = copy.deepcopy(workflow)
+            _arrange(candidate, notes_on_top, cap)
+            score = fit_score(candidate)
+            if best is None or score > best[0] + 1e-9:
+                best = (score, candidate)
+    workflow["nodes"] = best[1]["nodes"]
+    return workflow
+
+
+def fit_score(workflow: dict[str, Any]) -> float:
+    """The zoom at which the graph's bounding box (title bars included) fits FIT_CANVAS."""
+    boxes = [(x, y - TITLE_HEIGHT, x + w, y + h) for (x, y), (w, h) in
+             ((node["pos"], node["size"]) for node in workflow["nodes"])]
+    if not boxes:
+        return 1.0
+    width = max(b[2] for b in boxes) - min(b[0] for b in boxes)
+    height = max(b[3] for b in boxes) - min(b[1] for b in boxes)
+    return min(FIT_CANVAS[0] / width, FIT_CANVAS[1] / height)
+
+
+def _arrange(workflow: dict[str, Any], notes_on_top: bool, cap: float | None) -> None:
     notes = sorted((node for node in workflow["nodes"] if node["type"] in NOTE_TYPES), key=lambda n: n["id"])
-    x = ORIGIN[0]
     for note in notes:
         note["size"] = list(NOTE_SIZE)
-        note["pos"] = [round(x), round(ORIGIN[1])]
-        x += NOTE_SIZE[0] + GAP_X
-    top = ORIGIN[1] + (NOTE_SIZE[1] + TITLE_HEIGHT + GAP_Y if notes else 0)
-    nodes = {node["id"]: node for node in workflow["nodes"] if node["type"] not in NOTE_TYPES}
+    for node in workflow["nodes"]:
+        if node["type"] not in NOTE_TYPES and node["size"][0] == TEXT_NODE_WIDTH:
+            node["size"] = [node["size"][0] - TEXT_NODE_SHRINK[0], node["size"][1] - TEXT_NODE_SHRINK[1]]
+    top = ORIGIN[1]
+    if notes_on_top:
+        x = ORIGIN[0]
+        for note in notes:
+            note["pos"] = [round(x), round(ORIGIN[1])]
+            x += NOTE_SIZE[0] + GAP_X
+        top += NOTE_SIZE[1] + TITLE_HEIGHT + GAP_Y if notes else 0
+    placed = [node for node in workflow["nodes"] if not (notes_on_top and node["type"] in NOTE_TYPES)]
+    nodes = {node["id"]: node for node in placed}
     edges = _link_ends(workflow)
     column = _columns(sorted(nodes), edges)
-    columns = [[nid for nid in sorted(nodes) if column[nid] == col]
-               for col in range(min(column.values(), default=0), max(column.values(), default=-1) + 1)]
+    first = min(column.values(), default=0)
+    for note in notes if not notes_on_top else ():
+        column[note["id"]] = first
     heights = {nid: node["size"][1] + TITLE_HEIGHT for nid, node in nodes.items()}
+    columns = []
+    for col in range(first, max(column.values(), default=-1) + 1):
+        columns += _split([nid for nid in sorted(nodes) if column[nid] == col], heights, cap)
     ys: dict[Any, float] = {}
     for _ in range(LAYOUT_PASSES):
         previous, ys = ys, {}
@@ -114,7 +157,21 @@ def layout(workflow: dict[str, Any]) -> dict[str, Any]:
         for nid in members:
             nodes[nid]["pos"] = [round(x), round(ys[nid] - lift)]
         x += max(nodes[nid]["size"][0] for nid in members) + GAP_X
-    return workflow
+
+
+def _split(members: list[Any], heights: dict[Any, float], cap: float | None) -> list[list[Any]]:
+    """One column as sub-columns of at most ``cap`` stacked height each (in id order)."""
+    if cap is None:
+        return [members]
+    out: list[list[Any]] = [[]]
+    used = 0.0
+    for nid in members:
+        if out[-1] and used + heights[nid] > cap:
+            out.append([])
+            used = 0.0
+        out[-1].append(nid)
+        used += heights[nid] + GAP_Y
+    return out
 
 
 def _place_column(members: list[Any], heights: dict[Any, float], edges: list[tuple[Any, int, Any, int]],

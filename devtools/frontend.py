@@ -204,6 +204,20 @@ class Frontend:
             self.evaluate("async () => app.extensionManager.command.execute('Workspace.ToggleFocusMode')")
         return path
 
+    def resize(self, viewport: tuple[int, int]) -> None:
+        """Give the page another window size (as a user resizing the browser)."""
+        self.page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
+        self.viewport = viewport
+        self._settle()
+
+    def fit_zoom(self) -> float:
+        """The zoom the frontend's Fit View (the "." key) picks for the loaded graph, with the UI shown
+        as a user sees it; at this viewport size."""
+        self._settle()
+        self.evaluate("async () => app.extensionManager.command.execute('Comfy.Canvas.FitView')")
+        self._settle()
+        return self.evaluate("() => app.canvas.ds.scale")
+
     def _graph_clip(self, margin: float = 24.0) -> dict[str, float] | None:
         box = self.evaluate("""() => {
             const ds = app.canvas.ds, rect = app.canvas.canvas.getBoundingClientRect();

@@ -85,6 +85,34 @@ def frontend(comfy_server):
         yield fe
 
 
+# The zoom below which the frontend draws nodes without their text (LiteGraph's low-quality threshold);
+# a workflow should be readable when Fit View shows it whole on a 1080p screen. Larger graphs get a
+# floor each, so a layout change cannot make them smaller still unnoticed.
+READABLE_ZOOM = 0.6
+LARGE_WORKFLOWS = {
+    "regional_two_characters_core_hooks": 0.45,  # core's ten-node chain, shown for comparison
+    "regional_lora_four_regions": 0.53,  # five prompts and four masks
+    "lora_block_weights_hook": 0.57,
+}
+
+
+@pytest.fixture
+def frontend_1080p(frontend):
+    before = frontend.viewport
+    frontend.resize((1920, 1080))
+    yield frontend
+    frontend.resize(before)
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_bundled_workflow_fits_a_1080p_screen_readably(frontend_1080p, path):
+    frontend_1080p.load_workflow(json.loads(path.read_text()), path.stem)
+    zoom = frontend_1080p.fit_zoom()
+    floor = LARGE_WORKFLOWS.get(path.stem, READABLE_ZOOM)
+    assert zoom >= floor, (f"{path.stem}: Fit View on 1920x1080 zooms to {zoom:.3f} < {floor}; make the "
+                           f"graph smaller (devtools/build_workflows.py lays it out)")
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_bundled_workflow_loads_cleanly(frontend, path):
     workflow = json.loads(path.read_text())
