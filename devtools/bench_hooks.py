@@ -353,6 +353,16 @@ def print_memory(over: dict, side: int) -> None:
         print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
 
 
+def compile_models(bench: Bench) -> None:
+    """``--compile``: every contender samples the checkpoint compiled by ComfyUI's TorchCompileModel
+    (inductor), Fast Hooks on top of it; "plain" is then the compiled model without hooks. The untimed
+    warm-up round compiles every graph (core's, the hooked ones, each batch and latent size)."""
+    bench.model = bench.n["TorchCompileModel"].execute(bench.model, "inductor")[0]
+    bench.fast_model, _clip = bench.n["PatchbayHookEngine"]().enable(bench.model, 2048.0)
+    print("--compile: every contender samples the TorchCompileModel (inductor) model; no memory probes",
+          file=sys.stderr)
+
+
 def _scenarios(text: str) -> tuple[str, ...]:
     picked = {t.strip() for t in text.split(",") if t.strip()}
     unknown = sorted(picked - set(SCENARIOS))
@@ -384,6 +394,9 @@ def main(argv=None) -> int:
                         help="comma-separated latent sides (default 8,16; --quick: 8)")
     parser.add_argument("--memory", choices=("patchbay", "all", "none"), default="patchbay",
                         help="contenders whose peak memory is probed in fresh processes (default patchbay)")
+    parser.add_argument("--compile", action="store_true",
+                        help="every contender on the model compiled by TorchCompileModel (inductor): hooked "
+                        "compiled vs compiled plain; no memory probes")
     parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
     parser.add_argument("--side", type=int, default=16, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -397,7 +410,11 @@ def main(argv=None) -> int:
     rounds = 1 if opts.quick else opts.rounds
     sizes = opts.sizes or ((8,) if opts.quick else SIZES)
     scenarios = opts.scenarios
-    times, _peaks = measure(Bench(init_comfy()), rounds, sizes, scenarios)
+    bench = Bench(init_comfy())
+    if opts.compile:
+        compile_models(bench)
+        opts.memory = "none"  # the probes would sample uncompiled models in fresh processes
+    times, _peaks = measure(bench, rounds, sizes, scenarios)
     print_times(times, sizes, rounds, scenarios)
 
     json_side = 16 if 16 in sizes else sizes[-1]
