@@ -108,7 +108,7 @@ class CompiledRun:
     """One sampling run's hooks on a compiled model (held by the engine's RunPlan)."""
 
     settings: dict  # torch.compile keyword arguments of the twins (twin_settings)
-    twins: weakref.WeakKeyDictionary  # the engine's, shared by its runs: core's OptimizedModule -> twin
+    twins: weakref.WeakKeyDictionary  # the engine's, shared by its runs: compiled module -> {settings: twin}
     factors: list[RowFactors | None] = field(default_factory=list)  # per slot, made on the first call
     hooked: set = field(default_factory=set)  # modules with a RowHook
     pending: dict[torch.nn.Module, list[tuple[int, ModuleDeltas]]] = field(default_factory=dict)
@@ -168,10 +168,31 @@ class CompiledRun:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
     def _twin(self, opt: Any) -> Callable:
-        twin = self.twins.get(opt)
+        """The twin of core's ``opt``: one per compiled module and settings, so a TorchCompileModel node
+        run again on the same model (a new OptimizedModule, core's graphs reused) reuses the hooked graphs
+        (with ``isolate_recompiles`` only the same twin finds them)."""
+        backend = self.settings["backend"]
+        key = repr(sorted({**self.settings, "backend": getattr(backend, "func", backend)}.items()))
+        per_module = self.twins.setdefault(opt._orig_mod, {})
+        twin = per_module.get(key)
         if twin is None:
-            twin = self.twins[opt] = torch.compile(opt._orig_mod, **self.settings)
+            twin = per_module[key] = torch.compile(opt._orig_mod, **_with_guard_filter(self.settings, opt))
         return twin
+
+
+def _with_guard_filter(settings: dict, opt: Any) -> dict:
+    """``settings`` plus the guard_filter_fn core's compile of ``opt`` was given, if any.
+
+    ComfyUI 0.33's TorchCompileModel drops dynamo's guards on ``transformer_options`` through
+    ``options["guard_filter_fn"]``, which torch.compile pops from the options ComfyUI keeps; it is read
+    back from the compiled module (torch-internal: where this torch keeps it elsewhere, the twins keep
+    those guards, as every graph on ComfyUI 0.3.75 does).
+    """
+    hooks = getattr(getattr(opt, "dynamo_ctx", None), "_hooks", None)
+    guard_filter = getattr(hooks, "guard_filter_fn", None)
+    if guard_filter is None:
+        return settings
+    return {**settings, "options": {**settings.get("options", {}), "guard_filter_fn": guard_filter}}
 
 
 def _rows_tensor(strengths: list[list[float]], device: torch.device) -> torch.Tensor:

@@ -156,4 +156,47 @@ def test_hooked_calls_get_graphs_of_their_own_and_equal_the_eager_engine(hc, lr)
     assert base.diffusion_model is compiled, "the twin was left in place"
     torch.testing.assert_close(base(x), plain)  # core's graph, no hook left behind
     assert graphs() == hooked_graphs
+    # core compiles the same module again (a TorchCompileModel node run again): the twin is reused
+    base.diffusion_model = torch.compile(net, backend="eager")
+    out = run_compiled(hc, base, one, rows, twins, settings, x)
+    assert graphs() == hooked_graphs, "a new compile of the same module compiled the hooked graph again"
+    torch.testing.assert_close(out, eager(one, rows), rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
+class Flipping(torch.nn.Module):
+    def forward(self, x: torch.Tensor, transformer_options: dict) -> torch.Tensor:
+        return -x if transformer_options["flip"] else x * 2  # a Python bool: dynamo guards on it
+
+
+class Passing(Base):
+    def forward(self, x: torch.Tensor, transformer_options: dict) -> torch.Tensor:
+        return self.diffusion_model(x, transformer_options)
+
+
+def drop_transformer_options_guards(entries):  # what ComfyUI 0.33's TorchCompileModel passes
+    return [("transformer_options" not in entry.name) for entry in entries]
+
+
+@pytest.mark.parametrize("guard_filter", [True, False], ids=["guard_filter", "none"])
+def test_twins_keep_the_guard_filter_of_cores_compile(hc, guard_filter):
+    """torch.compile pops ``options["guard_filter_fn"]`` from the options ComfyUI keeps; the twin still
+    gets core's filter: a changed value in transformer_options then compiles nothing, as in core's
+    graphs (without a filter it compiles again, in both)."""
+    torch._dynamo.reset()
+    base, net = Passing(), Flipping()
+    kwargs = {"backend": "eager", "options": {"guard_filter_fn": drop_transformer_options_guards}
+              if guard_filter else None}
+    base.diffusion_model = torch.compile(net, **kwargs)
+    settings, _ = hc.twin_settings(kwargs)
+    run = hc.CompiledRun(settings, weakref.WeakKeyDictionary())
+    run.install(base, {})
+    x = torch.ones(2, 3)
+    try:
+        run.call(Executor(base), (x, {"flip": False}), {}, [[0.0], [0.0]])
+        before = graphs()
+        run.call(Executor(base), (x, {"flip": True}), {}, [[0.0], [0.0]])
+    finally:
+        run.remove()
+    assert (graphs() == before) == guard_filter
     torch._dynamo.reset()

@@ -197,3 +197,14 @@ def test_plain_runs_of_the_compiled_model_keep_core_graphs(rig):
     assert graphs() == before, "the plain run compiled again"
     assert_within_lora_effect(rig, out, rig.plain_compiled, "plain compiled after the hooked runs")
     assert_within_lora_effect(rig, rig.plain_compiled, rig.plain, "plain compiled vs plain")
+
+
+def test_torch_compile_model_on_the_fast_hooks_model_reuses_the_hooked_graph(rig):
+    """TorchCompileModel after Fast Hooks (here: run again on the Fast Hooks model, a new compiled
+    module): core's wrapper nests outside the engine's (else core's plain graph would run, without
+    the LoRA), and the hooked graph is reused (one twin per compiled module and settings)."""
+    again = rig.n["TorchCompileModel"].execute(rig.fast, "inductor")[0]
+    before = graphs()
+    out = rig.sample(again, *rig.everywhere(rig.hook_a))
+    assert graphs() == before, "a new TorchCompileModel on the same model compiled the hooked graph again"
+    assert_within_lora_effect(rig, out, rig.lora, "Fast Hooks, then TorchCompileModel")
