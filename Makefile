@@ -26,6 +26,7 @@ help:
 	@echo "make models  generate the tiny test models into .cache/models"
 	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
 	@echo "make bench-hooks  time LoRA hooks (plain, LoraLoader, core, Patchbay); not CI. BENCH_ARGS=--quick"
+	@echo "                  BENCH_ARGS=\"--arch sd15-full\" at real width; \"--device cuda --arch sdxl-full\" on a GPU"
 	@echo "make bench-merge  time SD1.5-size merges (Patchbay, sd-mecha, read+write floor); not CI. BENCH_ARGS=--no-sdmecha"
 
 demo:

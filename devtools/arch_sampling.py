@@ -118,13 +118,14 @@ def make_cond(
     strength: float = 1.0,
     set_cond_area: str = "default",
     timesteps_range: tuple[float, float] | None = None,
+    image_side: int | None = None,
 ) -> Conditioning:
     """Synthesized conditioning for ``arch`` (std-1 normal tensors from ``seed``), core properties set.
 
     ``hooks``, ``mask`` (``(H, W)`` or ``(B, H, W)``, any size: ComfyUI resizes it to the latent),
     ``strength`` (the mask's), ``set_cond_area`` and ``timesteps_range`` are applied with
     ``comfy.hooks.set_conds_props``, i.e. exactly as the core "Cond Set Props" / ConditioningSetMask
-    nodes do.
+    nodes do. ``image_side`` sets SDXL's size keys (default: 8 * LATENT_SIZE, the image tests sample).
     """
     import comfy.hooks
 
@@ -134,7 +135,7 @@ def make_cond(
     cross_attn = torch.randn((1, tokens, width), generator=generator)
     extra: dict[str, Any] = {"pooled_output": torch.randn((1, pooled_width), generator=generator)}
     if arch == "sdxl":  # what CLIPTextEncodeSDXL adds for model_base.SDXL.encode_adm
-        size = 8 * LATENT_SIZE[arch]
+        size = image_side or 8 * LATENT_SIZE[arch]
         extra.update(width=size, height=size, crop_w=0, crop_h=0, target_width=size, target_height=size)
     else:
         extra["guidance"] = 3.5  # FluxGuidance's default
