@@ -10,6 +10,8 @@ No weights can be downloaded where the tests run, so tests and demos use these i
 - ``loras/``: kohya-named LoRA, LoCon, LoHa and LoKr files, two ranks each.
 - ``diffusion_models/`` and more ``loras/``: tiny SDXL and Flux models and their LoRAs, made by
   devtools/tiny_arch.py (which imports this module) and covered by the same manifest.
+- ``diffusion_models/*.gguf``: the SD1.5 UNet of ``a`` and the Flux model quantized to Q8_0 and Q4_K,
+  as ComfyUI-GGUF's tools lay them out (devtools/tiny_gguf.py; made from the files above).
 
 Key names and shapes come from ComfyUI's own classes built on the ``meta`` device, and LoRA module
 names from ``comfy.lora``'s key maps. Weights are uniform with a fan-in-scaled std (norms 1,
@@ -114,9 +116,10 @@ def lora_rel(spec: LoraSpec) -> str:
 
 def all_rels() -> list[str]:
     import tiny_arch  # imported late: it builds on this module
+    import tiny_gguf
 
     sd15 = [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
-    return sd15 + tiny_arch.all_rels()
+    return sd15 + tiny_arch.all_rels() + tiny_gguf.all_rels()  # GGUF last: made from the others
 
 
 def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
@@ -387,7 +390,7 @@ def generate(
     fresh, reused = {}, 0
     for rel in all_rels():
         if rel in todo:
-            fresh[rel] = write_safetensors(out_dir / rel, *_builder(rel, builders).build(rel))
+            fresh[rel] = _write(out_dir, rel, _builder(rel, builders))
         elif not (out_dir / rel).is_file():  # --only into a folder without the others
             continue
         else:
@@ -405,13 +408,22 @@ def generate(
     print(f"{len(todo)} generated, {reused} reused in {out_dir} ({seconds:.1f} s)")
 
 
-def _builder(rel: str, made: dict[str, object]):
-    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for the others; each made once, when needed."""
-    import tiny_arch
+def _write(out_dir: Path, rel: str, builder) -> str:
+    """Generate ``out_dir / rel`` with ``builder`` and return its sha256."""
+    if rel.endswith(".gguf"):
+        return builder.write(out_dir, rel)
+    return write_safetensors(out_dir / rel, *builder.build(rel))
 
-    kind = "arch" if rel in tiny_arch.all_rels() else "sd15"
+
+def _builder(rel: str, made: dict[str, object]):
+    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for SDXL and Flux, tiny_gguf.GgufModels for
+    the GGUF files; each made once, when needed."""
+    import tiny_arch
+    import tiny_gguf
+
+    kind = "gguf" if rel in tiny_gguf.all_rels() else "arch" if rel in tiny_arch.all_rels() else "sd15"
     if kind not in made:
-        made[kind] = tiny_arch.ArchModels() if kind == "arch" else ComfyArch()
+        made[kind] = {"gguf": tiny_gguf.GgufModels, "arch": tiny_arch.ArchModels, "sd15": ComfyArch}[kind]()
     return made[kind]
 
 

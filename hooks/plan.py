@@ -11,14 +11,16 @@ Data flow (once per hook content and model; the result is cached by the engine):
       -> {module: ModuleDeltas}: LoRA/LoCon on Linear/Conv weights as LowRankDelta (A, B used as
          loaded), everything else as DenseDelta materialised on demand through ``dense_fetch``
       rounding "loraloader": every patched weight stored in a lower precision than fp32 (fp8, fp16,
-         bf16) instead gets one DenseDelta per (hook, weight), fetched per strength as
-         round(W + dW(s)) - W with ComfyUI's own rounding (``comfy.float.stochastic_rounding``,
-         seeded by the key), the weight full-load LoraLoader writes; the forward pass then recomputes
-         the hooked rows with W plus that delta (``replace``), the exact weight LoraLoader uses.
+         bf16; GGUF-quantized ones are not rounded, see hooks/quantized.py) instead gets one DenseDelta
+         per (hook, weight), fetched per strength as round(W + dW(s)) - W with ComfyUI's own rounding
+         (``comfy.float.stochastic_rounding``, seeded by the key), the weight full-load LoraLoader
+         writes; the forward pass then recomputes the hooked rows with W plus that delta (``replace``),
+         the exact weight LoraLoader uses.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ import comfy.weight_adapter
 import torch
 
 from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
+from .quantized import is_stored_quantized
 
 __all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
            "load_hook_patches", "split_key"]
@@ -158,8 +161,8 @@ def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
         return False
     if reshape is not None and reshape != list(weight.shape):
         return False
-    rank = down.shape[0]
-    return up.numel() == weight.shape[0] * rank and down.numel() == rank * weight[0].numel()
+    rank = down.shape[0]  # shapes from weight.shape: a quantized weight's storage has another shape
+    return up.numel() == weight.shape[0] * rank and down.numel() == rank * math.prod(weight.shape[1:])
 
 
 # Adapters that add ``strength * diff`` (unless they carry a DoRA magnitude), with its index.
@@ -191,7 +194,7 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
             pk = split_key(k)
             module = _module(model, pk.module_path)
             deltas = out.setdefault(module, _module_deltas(module))
-            if rounding == "loraloader" and comfy.utils.get_attr(model, pk.key).dtype != torch.float32:
+            if rounding == "loraloader" and _rounded_when_patched(comfy.utils.get_attr(model, pk.key)):
                 rounded.setdefault(pk.key, []).append((pk, v))
             elif _is_low_rank(pk, v, module):
                 up, down, alpha = v.weights[0], v.weights[1], v.weights[2]
@@ -206,6 +209,12 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
             fetch = _fetcher(dense_fetch, index, tuple(parts), True)
             deltas.dense.append(DenseDelta(index, fetch, pk.is_bias, linear=False, replace=not pk.is_bias))
     return out
+
+
+def _rounded_when_patched(weight: torch.Tensor) -> bool:
+    """Whether LoraLoader rounds W + delta back into this weight's storage: below fp32, and not kept
+    quantized (ComfyUI-GGUF adds LoRAs at dequantize time, in the compute dtype, as "compute" does)."""
+    return weight.dtype != torch.float32 and not is_stored_quantized(weight)
 
 
 def _module_deltas(module: torch.nn.Module) -> ModuleDeltas:
