@@ -102,12 +102,23 @@ def test_bundled_workflow_runs_and_writes_images(comfy_server, object_info, fron
 
 
 def test_execution_error_carries_comfyui_message(comfy_server):
-    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "0, half, 1"}},
-              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
-    with pytest.raises(ExecutionError, match=r"node 1 \(PatchbayFloatsFromText\).*half"):
+    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "1, 0"}},
+              "2": {"class_type": "PatchbayHookKeyframesFromFloats",
+                    "inputs": {"floats": ["1", 0], "start_percent": 0.8, "end_percent": 0.2}},
+              "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
+    with pytest.raises(ExecutionError, match=r"node 2 \(PatchbayHookKeyframesFromFloats\).*swap them"):
         comfy_server.wait(comfy_server.queue(prompt), timeout=60)
     result = comfy_server.run(prompt, timeout=60)
-    assert not result.ok and "half" in result.error
+    assert not result.ok and "end_percent 0.2 is before start_percent 0.8" in result.error
+
+
+def test_floats_text_error_stops_the_prompt_before_it_runs(comfy_server):
+    """A typo in FLOATS text is refused when the prompt is queued (VALIDATE_INPUTS), naming the column."""
+    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "0, half, 1"}},
+              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    with pytest.raises(ExecutionError, match=r"refused the prompt(.|\n)*node 1 \(PatchbayFloatsFromText\)"
+                                             r".*'half' at line 1, column 4"):
+        comfy_server.queue(prompt)
 
 
 def test_validation_error_names_node_and_input(comfy_server):
