@@ -42,7 +42,8 @@ the executor's caching and its IS_CHANGED/graph work, so this is the sampling co
 queue latency.
 
 Memory (devtools/bench_memory.py): on the CPU the peak RSS of a second run (inputs built, including
-reading the LoRA file, then sampled) in a fresh process per (scenario, contender) (``--probe``); on
+reading the LoRA file, then sampled) in a fresh process per (scenario, contender) (``--probe``, run
+before the timing, so that this process holds no model meanwhile); on
 CUDA the timed runs' ``torch.cuda.max_memory_allocated``; both over the memory before the run, minus
 the scenario's nohook figure. ``--memory all`` also measures the other contenders.
 
@@ -345,13 +346,11 @@ def probe(setup: RunSetup, scenario: str, contender: str, side: int) -> None:
     print(json.dumps({"probe": [scenario, contender], "peak_mb": peak_mb}))
 
 
-def memory_over_plain(setup: RunSetup, peaks: dict, side: int, scenarios: tuple[str, ...],
-                      contenders: tuple[str, ...], which: str) -> dict:
-    """MB over plain: fresh-process probes on the CPU, the timed runs' peaks on CUDA; {} for "none"."""
+def probe_memory(setup: RunSetup, side: int, scenarios: tuple[str, ...], contenders: tuple[str, ...],
+                 which: str) -> dict:
+    """CPU: MB over plain from fresh-process probes of ``which`` ("patchbay", "all"; "none": {})."""
     if which == "none":
         return {}
-    if setup.device == "cuda":
-        return bench_memory.in_process(peaks, side, scenarios, contenders)
     probed = ("patchbay",) if which == "patchbay" else tuple(c for c in contenders if c != "nohook")
 
     def command(scenario: str, contender: str) -> list[str]:
@@ -441,13 +440,13 @@ def main(argv=None) -> int:
         probe(setup, opts.probe[0], opts.probe[1], opts.side)
         return 0
     sizes, scenarios, contenders, side = opts.sizes, opts.scenarios, opts.contenders, opts.json_side
-    bench = Bench(init_comfy(setup.device), setup)
-    times, peaks = measure(bench, opts.rounds, sizes, scenarios, contenders)
-    del bench  # the memory probes load a model each: let this one go first (a full-size one is GBs)
-    release_models()
+    # CPU: the probes first, while this process holds no model (a full-size one is GBs) next to theirs
+    over = probe_memory(setup, side, scenarios, contenders, opts.memory) if setup.device == "cpu" else {}
+    times, peaks = measure(Bench(init_comfy(setup.device), setup), opts.rounds, sizes, scenarios, contenders)
+    if setup.device == "cuda" and opts.memory != "none":
+        over = bench_memory.in_process(peaks, side, scenarios, contenders)
     print_times(times, setup, sizes, opts.rounds, scenarios, contenders)
     files_mb = {s: lora_files_mb(setup.spec, s) for s in SCENARIOS}
-    over = memory_over_plain(setup, peaks, side, scenarios, contenders, opts.memory)
     if over:
         bench_memory.print_table(over, side, setup.device, files_mb, contenders)
     if side != setup.spec.sizes[-1]:
@@ -456,16 +455,6 @@ def main(argv=None) -> int:
     print_targets(times, side, over, setup.spec.targets, files_mb)
     print(json_line(medians, over, files_mb, run_info(setup, opts.memory)))
     return 0
-
-
-def release_models() -> None:
-    """Drop ComfyUI's loaded models and collect, so no longer referenced weights are freed."""
-    import gc
-
-    import comfy.model_management
-
-    comfy.model_management.unload_all_models()
-    gc.collect()
 
 
 def run_info(setup: RunSetup, memory: str) -> dict:
