@@ -49,6 +49,18 @@ def test_every_node_has_a_help_page(comfy):
     assert not missing, f"write web/docs/<NodeId>.md for {missing}"
 
 
+def test_every_node_documents_itself(comfy):
+    """A description, a tooltip on every input (required and optional) and one per output."""
+    for node_id, cls in comfy.pack.NODE_CLASS_MAPPINGS.items():
+        assert cls.DESCRIPTION.strip(), f"{node_id} has no DESCRIPTION"
+        assert len(cls.OUTPUT_TOOLTIPS) == len(cls.RETURN_TYPES), f"{node_id}: one OUTPUT_TOOLTIPS per output"
+        inputs = cls.INPUT_TYPES()
+        for group in ("required", "optional"):
+            for name, spec in inputs.get(group, {}).items():
+                options = spec[1] if len(spec) > 1 else {}
+                assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
+
+
 def test_every_node_is_used_by_a_bundled_workflow(comfy):
     unused = set(comfy.pack.NODE_CLASS_MAPPINGS) - workflow_node_types()
     assert not unused, f"no bundled workflow in workflows/ uses {sorted(unused)}"
