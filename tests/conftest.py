@@ -150,15 +150,20 @@ def pytest_sessionfinish(session, exitstatus):
 def comfy_server(models):
     """ComfyUI in a subprocess with this pack loaded (devtools/comfy_server.py), shared by T2 and T3.
 
-    Images go to output/, the server log to output/logs/test-comfyui-<version>.log; the frontend
-    settings keep first-run popups out of the browser tests' way.
+    The real AnimateDiff-Evolved and Advanced-ControlNet are loaded next to it, as the vendor folder
+    pins them for this ComfyUI version (devtools/vendor_packs.py). Images go to output/, the server
+    log to output/logs/test-comfyui-<version>.log; the frontend settings keep first-run popups out of
+    the browser tests' way.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
+    from vendor_packs import ensure_packs
 
     output = devpaths.output_dir()
-    log = output / "logs" / f"test-comfyui-{devpaths.comfyui_version()}.log"
-    with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS) as server:
+    version = devpaths.comfyui_version()
+    log = output / "logs" / f"test-comfyui-{version}.log"
+    with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
+                     extra_packs=ensure_packs(version)) as server:
         yield server
 
 
