@@ -92,6 +92,8 @@ class ComfyServer:
         settings: frontend settings for the (fresh) default user, e.g. ``frontend.HEADLESS_SETTINGS``.
         extra_args: more ``main.py`` arguments.
         extra_packs: other custom node packs to load, ``{folder name: source folder}`` (linked).
+        cpu: ``main.py --cpu``; False lets ComfyUI pick the GPU and memory mode as it would for a user
+            (on ComfyUI 0.33 with an NVIDIA GPU: dynamic VRAM).
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class ComfyServer:
         settings: dict[str, Any] | None = None,
         extra_args: tuple[str, ...] = (),
         extra_packs: Mapping[str, Path] | None = None,
+        cpu: bool = True,
     ) -> None:
         self.output_dir = Path(output_dir or devpaths.output_dir()).resolve()
         self.port = port or free_port()
@@ -117,6 +120,7 @@ class ComfyServer:
         self._settings = dict(settings or {})
         self._extra_args = tuple(extra_args)
         self._extra_packs = dict(extra_packs or {})
+        self._cpu = cpu
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
         self._log_file = None
@@ -174,8 +178,8 @@ class ComfyServer:
         config = tmp / "extra_model_paths.yaml"
         config.write_text(self._extra_paths_yaml(tmp))
         command = [
-            sys.executable, str(comfy_dir / "main.py"), "--cpu", "--listen", "127.0.0.1",
-            "--port", str(self.port), "--disable-auto-launch",
+            sys.executable, str(comfy_dir / "main.py"), *(["--cpu"] if self._cpu else []),
+            "--listen", "127.0.0.1", "--port", str(self.port), "--disable-auto-launch",
             "--extra-model-paths-config", str(config),
             "--output-directory", str(self.output_dir),
             "--temp-directory", str(tmp), "--input-directory", str(tmp / "input"),

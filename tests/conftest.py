@@ -96,12 +96,23 @@ def _selected_tiers() -> tuple[str, ...]:
     return named
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def pytest_collection_modifyitems(config, items):
     untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
     if untiered:
         raise pytest.UsageError(f"tests without a tier marker (t0..t3): {untiered}")
     selected = _selected_tiers()
     left_out = [item for item in items if not any(item.get_closest_marker(t) for t in selected)]
+    # Tests marked gpu (a tier marker too) need a CUDA device: where there is none they are deselected,
+    # like the tiers not asked for, so a CPU run shows no skip (`make test-gpu` runs them on a GPU).
+    gpu = [item for item in items if item.get_closest_marker("gpu") and item not in left_out]
+    if gpu and not _has_cuda():
+        left_out += gpu
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
