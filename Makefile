@@ -5,7 +5,7 @@
 # that one; the other targets use one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test test-one lint models workflows env clean bench-hooks bench-merge
+.PHONY: help demo run test test-one test-gpu lint models workflows env clean bench-hooks bench-merge
 
 TESTED_COMFYUI := 0.3.75 0.33
 DEFAULT_COMFYUI := 0.3.75
@@ -22,6 +22,7 @@ help:
 	@echo "make test    run every test tier (t0 pure, t1 in-process, t2 live server, t3 real frontend)"
 	@echo "             on ComfyUI $(TESTED_COMFYUI) in turn; COMFYUI=0.33 (or 0.3.75) runs one version"
 	@echo "             COMFYUI=... also picks the version for demo, run, models, workflows (default $(DEFAULT_COMFYUI))"
+	@echo "make test-gpu  the tests marked gpu (dynamic VRAM with comfy-aimdo) on a CUDA machine; ComfyUI 0.33"
 	@echo "make lint    ruff over the repo"
 	@echo "make models  generate the tiny test models into .cache/models"
 	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
@@ -49,6 +50,13 @@ test:
 test-one:
 	@$(call with_env,--browser) && "$$PY" -m ruff check . && "$$PY" devtools/tiny_models.py \
 		&& "$$PY" -m pytest $(PYTEST_ARGS)
+
+# The gpu tests need CUDA (conftest deselects them elsewhere) and are about 0.33's dynamic VRAM.
+test-gpu: DEFAULT_COMFYUI := 0.33
+test-gpu:
+	@$(call with_env) && "$$PY" -c "import sys, torch; torch.cuda.is_available() or sys.exit(\
+		'make test-gpu: torch sees no CUDA device here (the gpu tests need an NVIDIA GPU)')" \
+		&& "$$PY" devtools/tiny_models.py && "$$PY" -m pytest -m gpu $(PYTEST_ARGS)
 
 lint:
 	@$(call with_env) && "$$PY" -m ruff check .

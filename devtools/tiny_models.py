@@ -12,6 +12,7 @@ No weights can be downloaded where the tests run, so tests and demos use these i
   devtools/tiny_arch.py (which imports this module) and covered by the same manifest.
 - ``diffusion_models/*.gguf``: the SD1.5 UNet of ``a`` and the Flux model quantized to Q8_0 and Q4_K,
   as ComfyUI-GGUF's tools lay them out (devtools/tiny_gguf.py; made from the files above).
+- ``controlnet/``: a tiny SD1.5 ControlNet for these checkpoints, made by devtools/tiny_controlnet.py.
 
 Key names and shapes come from ComfyUI's own classes built on the ``meta`` device, and LoRA module
 names from ``comfy.lora``'s key maps. Weights are uniform with a fan-in-scaled std (norms 1,
@@ -94,16 +95,17 @@ LORAS = (
 @dataclass(frozen=True)
 class TinyModels:
     """The generated files, by stem: ``checkpoints["patchbay-sd15-tiny-a"]``, ``loras["patchbay-lora-r4"]``,
-    ``diffusion_models["patchbay-flux-tiny"]``.
+    ``diffusion_models["patchbay-flux-tiny"]``, ``controlnet["patchbay-sd15-tiny-controlnet"]``.
 
-    ``root`` holds ``checkpoints/``, ``loras/`` and ``diffusion_models/``; ComfyUI's loaders take
-    ``path.name``.
+    ``root`` holds ``checkpoints/``, ``loras/``, ``diffusion_models/`` and ``controlnet/``; ComfyUI's
+    loaders take ``path.name``.
     """
 
     root: Path
     checkpoints: dict[str, Path]
     loras: dict[str, Path]
     diffusion_models: dict[str, Path] = field(default_factory=dict)
+    controlnet: dict[str, Path] = field(default_factory=dict)
 
 
 def checkpoint_rel(variant: str) -> str:
@@ -115,11 +117,13 @@ def lora_rel(spec: LoraSpec) -> str:
 
 
 def all_rels() -> list[str]:
-    import tiny_arch  # imported late: it builds on this module
+    import tiny_arch  # imported late: these build on this module
+    import tiny_controlnet
     import tiny_gguf
 
     sd15 = [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
-    return sd15 + tiny_arch.all_rels() + tiny_gguf.all_rels()  # GGUF last: made from the others
+    # GGUF last: made from the others
+    return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + tiny_gguf.all_rels()
 
 
 def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
@@ -416,14 +420,18 @@ def _write(out_dir: Path, rel: str, builder) -> str:
 
 
 def _builder(rel: str, made: dict[str, object]):
-    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for SDXL and Flux, tiny_gguf.GgufModels for
-    the GGUF files; each made once, when needed."""
+    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for SDXL and Flux, tiny_controlnet's for the
+    ControlNet, tiny_gguf.GgufModels for the GGUF files; each made once, when needed."""
     import tiny_arch
+    import tiny_controlnet
     import tiny_gguf
 
-    kind = "gguf" if rel in tiny_gguf.all_rels() else "arch" if rel in tiny_arch.all_rels() else "sd15"
+    kinds = {"gguf": (tiny_gguf.all_rels(), tiny_gguf.GgufModels),
+             "arch": (tiny_arch.all_rels(), tiny_arch.ArchModels),
+             "controlnet": (tiny_controlnet.all_rels(), tiny_controlnet.ControlNetModels)}
+    kind = next((name for name, (rels, _) in kinds.items() if rel in rels), "sd15")
     if kind not in made:
-        made[kind] = {"gguf": tiny_gguf.GgufModels, "arch": tiny_arch.ArchModels, "sd15": ComfyArch}[kind]()
+        made[kind] = kinds[kind][1]() if kind in kinds else ComfyArch()
     return made[kind]
 
 

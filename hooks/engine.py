@@ -162,6 +162,7 @@ class HookEngine:
                 log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), hp.reason)
         if not claimed:
             return []
+        log.debug("%d hook(s) run in the forward pass on %s", len(claimed), type(patcher).__name__)
         refs = tuple(by_ref)
         modules = self._modules(patcher, refs, by_ref, rounding)
         def build(other: Any) -> dict:

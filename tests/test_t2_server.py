@@ -51,16 +51,8 @@ def test_every_pack_node_is_served(object_info):
         assert ours[node_id]["display_name"] == display_name
 
 
-def startup_log(comfy_server) -> str:
-    """The server log up to "Starting server": imports only, whatever later tests provoke. Lines as
-    ``plain_log`` gives them: 0.33's ``[INFO]`` tags and colour codes removed."""
-    log = comfy_server.log_text()
-    assert "Starting server" in log, f"no 'Starting server' line in {comfy_server.log_path}"
-    return log.split("Starting server", 1)[0]
-
-
 def test_server_log_has_no_import_failure_of_ours(comfy_server):
-    log = startup_log(comfy_server)
+    log = comfy_server.startup_log()  # plain_log's lines: 0.33's [INFO] tags removed
     known = KNOWN_IMPORT_FAILURES.get(devpaths.comfyui_version(), set())
     failed = set(re.findall(r"^IMPORT FAILED: (\S+)", log, re.MULTILINE))
     assert failed == known, f"import failures {sorted(failed)}, expected {sorted(known)}"
