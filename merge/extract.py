@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +37,10 @@ _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|o
 
 @dataclass(frozen=True)
 class ExtractOptions:
-    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1)."""
+    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1).
+
+    ``resolve``, ``check`` and ``on_progress`` (keys done, keys in all) as in ``MergeOptions``.
+    """
 
     rank: int | None = 32
     energy: float | None = None
@@ -44,6 +49,9 @@ class ExtractOptions:
     device: str = "cpu"
     overwrite: bool = False
     search_dirs: tuple[Path, ...] = ()
+    resolve: Callable[[str], Any] | None = field(default=None, compare=False)  # as in MergeOptions
+    check: Callable[[], None] | None = field(default=None, compare=False)
+    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.energy is not None and not 0 < self.energy <= 1:
@@ -87,7 +95,7 @@ def extract_lora(recipe: object, out_path: str | Path,
     start = time.perf_counter()
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
-    graph = compile_recipe(recipe, options.search_dirs)
+    graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
     sources = graph.open_sources()
     report = ExtractReport(out_path)
     tensors: dict[str, torch.Tensor] = {}
@@ -98,7 +106,11 @@ def extract_lora(recipe: object, out_path: str | Path,
         evaluator = Evaluator(graph, "overlap")
         report.arch = weights[0].arch
         check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
-        for key in keys:
+        for done, key in enumerate(keys):
+            if options.check is not None:
+                options.check()
+            if options.on_progress is not None:
+                options.on_progress(done, len(keys))
             name = kohya_name(key)
             if name is None:
                 report.dropped.append(key)
@@ -142,7 +154,7 @@ def _delta(evaluator: Evaluator, graph: object, sources: list, key: str, arch: s
             raw = source.read_into(key, torch.empty(info.nbytes, dtype=torch.uint8))
             leaves.append(raw.to(device).float())
         else:
-            leaves.append(source.delta(key).to(device))
+            leaves.append(source.tensor(key).to(device).float())
     return evaluator.evaluate(graph.root, leaves, KeyContext(key=key, device=device, arch=arch))
 
 
