@@ -113,15 +113,18 @@ class MergeCache:
             return entry.value
 
     def settle(self) -> None:
-        """Measure the method dicts used since the last call and evict what no longer fits."""
+        """Measure the method dicts used since the last call (dropping empty ones) and evict what no
+        longer fits."""
         with self._lock:
-            for slot in self._pending:
+            fresh, self._pending = self._pending, set()
+            for slot in fresh:
                 entry = self._entries.get(slot)
-                if entry is not None:
+                if entry is not None and not entry.value:  # the method kept nothing for this key
+                    self._drop(slot)
+                elif entry is not None:
                     size = _nbytes(entry.value)
                     self._stats.bytes += size - entry.nbytes
                     entry.nbytes = size
-            fresh, self._pending = self._pending, set()
             if not self._evict(0, keep_current=True):
                 for slot in fresh:  # over budget by this run's own method dicts: drop the newest
                     if slot in self._entries and self._stats.bytes > self.budget_bytes:

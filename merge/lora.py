@@ -54,6 +54,11 @@ class LoraSource:
                 self.targets[names[module]] = parts
             else:
                 self.unmapped.append(module)
+        if modules and not self.targets:
+            base_name = base.path.name if isinstance(base, mio.SafetensorsFile) else base.name
+            problem = (f"matches no key of {base_name} ({base.arch}): none of its {len(modules)} modules "
+                       f"(e.g. {self.unmapped[0]}) names a layer of it")
+            raise mio.ModelFileError(file.path, problem, "Use a LoRA made for this base model.")
         self._shapes = {k: base_shape(k) for k in self.targets}
         stat = file.path.stat()
         self.fingerprint = ("lora", str(file.path), stat.st_size, stat.st_mtime_ns,

@@ -102,7 +102,10 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, a
     """Evaluate one unit (or take it from the cache) and hand a finished key to the writer."""
     plan = unit.plan
     if unit.cached is not None:
-        pipe.write(plan.key, unit.cached, cached=True)
+        if unit.cached is DROPPED:
+            report.skipped.append(plan.key)
+        else:
+            pipe.write(plan.key, unit.cached, cached=True)
         return
     spill = evaluator.spill
     if spill is not None:
@@ -113,12 +116,14 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, a
     else:
         result = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
     pipe.release_arena(arena)
-    if result is None:
-        return
     if cache is not None and plan.passthrough is None:
-        cache.put(root_id(graph, plan, salt, report.arch), result.clone())
+        cache.put(root_id(graph, plan, salt, report.arch), DROPPED if result is None else result.clone())
         cache.settle()
-    pipe.write(plan.key, result)
+    if result is not None:
+        pipe.write(plan.key, result)
+
+
+DROPPED = torch.empty(0)  # cached for a key the recipe leaves out (pick_component): nothing to write
 
 
 def root_id(graph: Graph, plan: KeyPlan, salt: tuple, arch: str) -> tuple:

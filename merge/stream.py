@@ -79,8 +79,9 @@ class Evaluator:
             return tensors[0] if tensors else None
         if len(tensors) < len(args) and not step.method.accepts_missing:
             args = [fill_missing(step, i, a, tensors) for i, a in enumerate(args)]
-            if any(a is None for a in args):  # a weight input lacks the key: pass the first one through
-                return tensors[0] if tensors else None
+            if any(a is None for a in args):  # a weight input lacks the key: pass the first one through,
+                return next((a for i, a in enumerate(args)  # never a difference (it is no weight)
+                             if a is not None and step.method.input_space(i) != "delta"), None)
         shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) <= 1:
             return apply(step, args, scalars, call_ctx)

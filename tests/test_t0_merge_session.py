@@ -309,3 +309,22 @@ def test_check_runs_inside_long_elementwise_keys_and_progress_reaches_the_total(
     assert progress[-1] == (total, total)
     assert [d for d, _ in progress] == sorted(d for d, _ in progress)
     assert len(checks) > len(SHAPES)  # out.2.weight (21000 elements) is 329 slices: checked inside too
+
+
+def test_a_key_dropped_below_a_call_is_dropped_not_replaced_by_the_difference_beside_it(files, tmp_path):
+    """add_difference(pick_component(a, "diffuser"), delta): the text encoder keys pick_component drops
+    stay out of the output; the delta alone is no weight for them (it used to be passed through)."""
+    from merge import recipe as R
+    from merge.execute import merge
+
+    clip_key = "cond_stage_model.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight"
+    save_file({clip_key: torch.ones(4, 4), ATTN: torch.ones(8, 768)}, str(tmp_path / "d.safetensors"))
+    a = load_file(str(files["a"]))
+    save_file({**a, clip_key: torch.zeros(4, 4, dtype=torch.float16)}, str(files["a"]))
+    recipe = R.add_difference(R.pick_component(R.model("a"), component="diffuser"),
+                              R.model("d", space="delta"), alpha=0.5)
+    resolve = {"a": files["a"], "d": tmp_path / "d.safetensors"}.__getitem__
+    report = merge(recipe, tmp_path / "out.safetensors", options(resolve=resolve, dtype="fp32"))
+    out = load_file(str(tmp_path / "out.safetensors"))
+    assert clip_key not in out and clip_key in report.skipped
+    assert torch.equal(out[ATTN], a[ATTN].float() + 0.5)
