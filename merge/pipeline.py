@@ -292,6 +292,9 @@ class _Pipeline:
                                               daemon=True)
         self._pending_out: torch.Tensor | None = None
         self.main = threading.current_thread()
+        # the threads work in the caller's inference mode (ComfyUI runs nodes under torch.inference_mode:
+        # a model built there has inference tensors, which only code in inference mode may write)
+        self.inference = torch.is_inference_mode_enabled()
 
     def start(self) -> None:
         self.reader.start()
@@ -308,6 +311,10 @@ class _Pipeline:
                 continue
 
     def _read_all(self) -> None:
+        with torch.inference_mode(self.inference):
+            self._read_units()
+
+    def _read_units(self) -> None:
         try:
             for unit in self.units:
                 if unit.cached is not None:
@@ -359,6 +366,10 @@ class _Pipeline:
         self.to_write.put((key, tensor.contiguous(), buffer))
 
     def _write_all(self) -> None:
+        with torch.inference_mode(self.inference):
+            self._write_units()
+
+    def _write_units(self) -> None:
         try:
             while True:
                 item = self._get(self.to_write)

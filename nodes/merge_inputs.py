@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
 RECIPE = "PATCHBAY_RECIPE"
+LATER = "at merge time"  # Key Patterns: block names checked when the merge knows its models
 _RECIPE_OUT = "A recipe input for merge method nodes (Patchbay/merge/methods)."
 _MAP_OUT = ("A parameter map: connect it to a method's <param>_map input (e.g. alpha_map) to set that "
             "parameter per block or key.")
@@ -154,7 +155,7 @@ class PatchbayMergeKeyPatterns:
             "patterns": ("STRING", {"multiline": True, "default": "IN00=0.2, *.attn2.*=0.8, default=0.5",
                                     "tooltip": "JSON object or name=value items (commas or new lines, # "
                                                "comments): block names, key globs, default."}),
-            "check_blocks": (["at merge time", *blocks.ARCHS],
+            "check_blocks": ([LATER, *blocks.ARCHS],
                              {"tooltip": "Check block names against this architecture now (did-you-mean "
                                          "on a typo), or when the merge knows its models."}),
         }}
@@ -163,17 +164,19 @@ class PatchbayMergeKeyPatterns:
     def VALIDATE_INPUTS(cls, patterns: str | None = None, check_blocks: str | None = None) -> bool | str:
         try:
             if patterns is not None:
-                pattern_map(patterns, check_blocks or "at merge time")
+                pattern_map(patterns, check_blocks or LATER)
         except ValueError as error:
             return str(error)
         return True
 
-    def make(self, patterns: str, check_blocks: str = "at merge time") -> tuple:
+    def make(self, patterns: str, check_blocks: str = LATER) -> tuple:
         return (pattern_map(patterns, check_blocks),)
 
 
 def pattern_map(text: str, arch: str) -> R.LiteralNode:
     """The map literal ``text`` describes; every bad entry is named (and block names checked for ``arch``)."""
+    if arch not in (LATER, *blocks.ARCHS):
+        raise ValueError(f"check_blocks {arch!r}: choose {LATER!r} or one of {', '.join(blocks.ARCHS)}")
     if text.lstrip().startswith("{"):
         try:
             mapping = json.loads(text)

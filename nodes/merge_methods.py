@@ -64,13 +64,14 @@ def _widget(spec: ParamSpec) -> tuple:
     where = f" in [{low:g}, {high:g}]" if spec.range else ""
     if spec.type is bool:
         return ("BOOLEAN", {"default": spec.default, "tooltip": f"{spec.name} (default {spec.default})."})
-    if spec.type is int:
+    if spec.type is int:  # never a "control after generate" widget (the frontend adds one to a "seed"):
+        fixed = {"control_after_generate": False}  # a randomised parameter would re-run every merge
         if spec.optional:
             return ("INT", {"default": NONE_INT if spec.default is None else spec.default, "min": NONE_INT,
-                            "max": int(min(high, 2**32 - 1)),
+                            "max": int(min(high, 2**32 - 1)), **fixed,
                             "tooltip": f"{spec.name}; {NONE_INT} = none (a seed: the merge's seed)."})
         return ("INT", {"default": spec.default, "min": int(max(low, -_BOUND)), "max": int(min(high, _BOUND)),
-                        "step": 1, "tooltip": f"{spec.name} (default {spec.default}){where}."})
+                        "step": 1, **fixed, "tooltip": f"{spec.name} (default {spec.default}){where}."})
     if spec.type is float and not spec.optional:
         step = 0.01 if spec.default == 0 or abs(spec.default) >= 0.01 else abs(spec.default)
         return ("FLOAT", {"default": spec.default, "min": max(low, -_BOUND), "max": min(high, _BOUND),

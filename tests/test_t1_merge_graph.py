@@ -24,9 +24,25 @@ def pack(comfy):
     return comfy.pack
 
 
+class InGraph:
+    """A node instance whose methods run as ComfyUI's executor runs them: under torch.inference_mode
+    (a model built there holds inference tensors, which only code in inference mode may write)."""
+
+    def __init__(self, instance: object) -> None:
+        self.instance = instance
+
+    def __getattr__(self, name: str):
+        method = getattr(self.instance, name)
+
+        def run(*args, **kwargs):
+            with torch.inference_mode():
+                return method(*args, **kwargs)
+        return run
+
+
 @pytest.fixture(scope="module")
 def node(pack):
-    return lambda node_id: pack.NODE_CLASS_MAPPINGS[node_id]()
+    return lambda node_id: InGraph(pack.NODE_CLASS_MAPPINGS[node_id]())
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +55,8 @@ def core(comfy):
     (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
 
     def sample(model):
-        (out,) = n["KSampler"]().sample(model, 7, 4, 7.0, "euler", "normal", positive, negative, latent)
+        with torch.inference_mode():  # as ComfyUI's executor
+            (out,) = n["KSampler"]().sample(model, 7, 4, 7.0, "euler", "normal", positive, negative, latent)
         return out["samples"]
 
     return type("Core", (), {"a": model_a, "b": model_b, "clip": clip, "sample": staticmethod(sample),

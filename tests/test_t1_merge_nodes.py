@@ -59,6 +59,8 @@ def test_every_registered_method_is_a_node_with_typed_inputs_defaults_ranges_and
                 assert options["max"] == spec.range.high or not math.isfinite(spec.range.high)
             if spec.type in (float, int):
                 assert optional[f"{spec.name}_map"][0] == "PATCHBAY_RECIPE"
+            if kind == "INT":  # a "seed" would get a randomising control widget: every queue a new merge
+                assert options["control_after_generate"] is False
 
 
 def test_the_method_help_pages_are_generated_from_the_registry(pack):
@@ -145,6 +147,7 @@ def test_key_patterns_read_json_and_items_and_name_every_bad_entry(node, pack):
     assert "IN0=" in cls.VALIDATE_INPUTS("IN0=zero", "sd15") and "line 1, column 1" in cls.VALIDATE_INPUTS(
         "IN0=zero", "sd15")
     assert cls.VALIDATE_INPUTS("OUT05=0.5, default=1", "sdxl") is True
+    assert "check_blocks 'sd3'" in cls.VALIDATE_INPUTS("OUT05=0.5", "sd3")  # ComfyUI skips the combo check
 
 
 @pytest.fixture
