@@ -1,6 +1,6 @@
 // Merge Recipe to Text (Patchbay): show the recipe text the node returns, read-only, in the node itself
 // (the way core's Preview Any shows its value).
-import { app } from "../../scripts/app.js";
+import { app } from "../../../scripts/app.js";  // served as /extensions/ComfyUI-Patchbay/js/
 
 const NODE = "PatchbayMergeRecipeToText";
 const WIDGET = "recipe_text";
