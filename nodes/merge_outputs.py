@@ -70,7 +70,7 @@ class PatchbayMergeSave:
     OUTPUT_NODE = True
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("path",)
-    OUTPUT_TOOLTIPS = ("The file written, relative to the output folder.",)
+    OUTPUT_TOOLTIPS = ("The full path of the file written.",)
 
     @classmethod
     def INPUT_TYPES(cls) -> dict:
