@@ -61,10 +61,14 @@ def _progress() -> Any:
 
 
 def merge_options(*, cache_mb: float = 0, **fields: Any) -> MergeOptions:
-    """``MergeOptions`` for a node: resolver, interrupt, progress bar, cache; other ``fields`` as given."""
+    """``MergeOptions`` for a node: resolver, interrupt, progress bar, cache; other ``fields`` as given.
+    Intermediates over the memory budget spill into ComfyUI's temp folder (made if missing: ComfyUI
+    removes it at startup)."""
+    spill = Path(folder_paths.get_temp_directory())
+    spill.mkdir(parents=True, exist_ok=True)
     return MergeOptions(progress=False, resolve=resolve, cache=use_cache(cache_mb),
                         check=comfy.model_management.throw_exception_if_processing_interrupted,
-                        on_progress=_progress(), spill_dir=Path(folder_paths.get_temp_directory()), **fields)
+                        on_progress=_progress(), spill_dir=spill, **fields)
 
 
 def extract_options(**fields: Any) -> ExtractOptions:
@@ -95,8 +99,7 @@ class _ParamSink:
 
 def build_models(session: MergeSession) -> tuple[Any, Any, Any]:
     """(MODEL, CLIP or None, VAE or None) holding the merged weights (see the module docstring)."""
-    spill = Path(folder_paths.get_temp_directory())
-    spill.mkdir(parents=True, exist_ok=True)
+    spill = session.options.spill_dir
     in_place = [p for p in session.plans if p.key.startswith(UNET) and p.passthrough is None]
     rest = [replace(p, dtype=session.source_dtype(p.key)) for p in session.plans
             if not (p.key.startswith(UNET) and p.passthrough is None)]  # as loading the first input gives

@@ -142,11 +142,17 @@ def test_save_writes_the_bytes_the_command_line_writes_for_the_same_recipe(node,
     assert all(key.startswith(UNET) for key in header.tensors)
 
 
-def test_save_refuses_to_overwrite_unless_asked_and_numbers_new_names(node, comfy):
+def test_save_refuses_to_overwrite_unless_asked_and_numbers_new_names(node, comfy, tmp_path):
     (a,) = checkpoints(node, CKPT_A)
     recipe = diffuser(node, a)
     folder = os.path.join(comfy.folder_paths.get_output_directory(), "patchbay-tests")
-    first = node("PatchbayMergeSave").save(recipe, "patchbay-tests/numbered", "overwrite", "fp16", cache_mb=0)
+    temp = comfy.folder_paths.get_temp_directory()
+    comfy.folder_paths.set_temp_directory(str(tmp_path / "removed-at-startup"))  # ComfyUI deletes it
+    try:
+        first = node("PatchbayMergeSave").save(recipe, "patchbay-tests/numbered", "overwrite", "fp16",
+                                               cache_mb=0)
+    finally:
+        comfy.folder_paths.set_temp_directory(temp)
     before = os.stat(first["result"][0]).st_mtime_ns
     with pytest.raises(ValueError, match="numbered.safetensors exists; pick another file name"):
         node("PatchbayMergeSave").save(recipe, "patchbay-tests/numbered", "error", "fp16", cache_mb=0)
