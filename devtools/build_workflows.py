@@ -344,9 +344,11 @@ def graph_thumbnail(server: ComfyServer, frontend: Frontend, name: str, target: 
     wait until the server has run it (its images and texts then show in their nodes), screenshot it."""
     try:
         server.wait(frontend.queue_graph(), timeout=600)
+        return thumbnail(frontend, target)
     except RuntimeError as err:  # ExecutionError, ComfyServerError, FrontendError
         raise BuildError(f"{name}: running it in the frontend for its thumbnail failed: {err}") from err
-    return thumbnail(frontend, target)
+    finally:
+        frontend.reload()  # the run's images must not reach the next workflow built on this page
 
 
 def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], target: Path) -> Path:

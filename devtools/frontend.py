@@ -99,6 +99,12 @@ class Frontend:
             raise FrontendError(f"the frontend at {self.url} was not ready within {seconds:.0f} s; "
                                 f"console errors: {self.console_errors[-5:]}") from err
 
+    def reload(self) -> None:
+        """Load the page again: a fresh frontend state (a run's images are kept per node id and would
+        otherwise show in, and resize, the node of that id in the next graph loaded)."""
+        self.page.reload()
+        self.page.wait_for_function(_READY, timeout=self.timeout_ms)
+
     def _on_console(self, message: Any) -> None:
         if message.type == "error":
             self.console_errors.append(message.text)
