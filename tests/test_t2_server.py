@@ -29,8 +29,14 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def declared_nodes() -> dict[str, str]:
-    """``{NODE_ID: DISPLAY_NAME}`` of every node class declared in nodes/*.py (read, not imported)."""
-    declared = {}
+    """``{NODE_ID: DISPLAY_NAME}`` of every node class declared in nodes/*.py (read, not imported), and
+    of one node per registered merge method (nodes/merge_methods.py generates those classes)."""
+    import build_merge_docs
+
+    from merge import registry
+
+    declared = {build_merge_docs.node_id(method.name): f"{method.name} (Patchbay merge)"
+                for method in registry.all_methods()}
     for path in sorted((devpaths.ROOT / "nodes").glob("*.py")):
         for cls in ast.walk(ast.parse(path.read_text())):
             if isinstance(cls, ast.ClassDef):

@@ -94,6 +94,7 @@ LARGE_WORKFLOWS = {
     "regional_two_characters_core_hooks": 0.45,  # core's ten-node chain, shown for comparison
     "regional_lora_four_regions": 0.53,  # five prompts and four masks
     "lora_block_weights_hook": 0.57,
+    "merge_ties_three_models": 0.52,  # inputs, deltas, TIES, add_difference, Merge, sampler: 9 columns
 }
 
 
