@@ -113,6 +113,7 @@ def recipe_hook(fetch: Fetch, shapes: dict[str, tuple[int, ...]], strength_model
     ``shapes``, scheduled by ``keyframes``; ``name`` is its hook_id and appears in its errors."""
     hook = RecipeWeightHook(strength_model=strength_model, strength_clip=0.0)
     hook.weights = {key: LazyDelta(fetch, key, shape) for key, shape in shapes.items()}
+    hook.weights_clip = {}  # model only: on a CLIP (Set CLIP Hooks) the hook patches nothing
     hook.need_weight_init = False
     hook.label = repr(name) if name else "recipe"
     hook.hook_id = name

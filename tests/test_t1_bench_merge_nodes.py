@@ -16,7 +16,7 @@ pytestmark = pytest.mark.t1
 BENCH = devpaths.ROOT / "devtools" / "bench_merge_nodes.py"
 
 
-def test_the_tiny_benchmark_prints_one_json_line_and_both_contenders_sample_the_same_average(comfy):
+def test_the_tiny_benchmark_prints_one_json_line_and_both_contenders_sample_the_same_average():
     command = [sys.executable, str(BENCH), "--arch", "tiny", "--rounds", "1", "--steps", "1"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -151,3 +151,10 @@ def test_bad_recipes_are_refused_naming_the_fix(rig, weights_digest):
         with pytest.raises(ValueError, match=r"recipe hook .* do not fit .* another model architecture"):
             rig.sample(model, *rig.both(wrong))
     assert weights_digest(rig.model) == digest, "a refused hook leaves the model unpatched"
+
+
+def test_on_a_text_encoder_the_recipe_hook_patches_nothing(rig):
+    recipe, base = rig.merge()
+    (clip,) = rig.n["SetClipHooks"]().apply_hooks(rig.clip, False, False, rig.recipe_hook(recipe, base))
+    (cond,) = rig.n["CLIPTextEncode"]().encode(clip, "a knight in armor")
+    assert torch.equal(cond[0][0], rig.pos[0][0]), "model only: the CLIP encodes as without the hook"

@@ -93,6 +93,7 @@ LARGE_WORKFLOWS = {
     "regional_two_characters_core_hooks": 0.45,  # core's ten-node chain, shown for comparison
     "regional_lora_four_regions": 0.53,  # five prompts and four masks
     "lora_block_weights_hook": 0.57,
+    "recipe_hook_fade_in": 0.57,  # a three-node merge recipe before the hook chain: seven columns
 }
 
 
