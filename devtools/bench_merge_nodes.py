@@ -170,10 +170,17 @@ def probe(contender: str, arch: str, steps: int, latent_out: Path) -> dict:
 # ---- the benchmark ------------------------------------------------------------------------------------
 
 
-def run_probe(contender: str, arch: str, steps: int, latent_out: Path) -> dict:
+def run_probe(contender: str, arch: str, steps: int, latent_out: Path, tries: int = 3) -> dict:
+    """One contender in a fresh process; a run the OOM killer stops (the machine is shared) is retried."""
     command = [sys.executable, __file__, "--probe", contender, "--arch", arch, "--steps", str(steps),
                "--latent-out", str(latent_out)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    for attempt in range(1, tries + 1):
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        if proc.returncode != -9 or attempt == tries:
+            break
+        print(f"probe {contender} killed (OOM: other processes need memory too); retry {attempt} in 30 s",
+              file=sys.stderr)
+        time.sleep(30)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"probe"')]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"probe {contender} failed ({proc.returncode}; -9 is the OOM killer):\n"
