@@ -5,7 +5,7 @@
 # that one; the other targets use one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test test-one test-gpu lint models workflows env clean bench-hooks bench-merge
+.PHONY: help demo run test test-one test-gpu lint models workflows env clean bench-hooks bench-merge bench-merge-nodes
 
 TESTED_COMFYUI := 0.3.75 0.33
 DEFAULT_COMFYUI := 0.3.75
@@ -29,6 +29,7 @@ help:
 	@echo "make bench-hooks  time LoRA hooks (plain, LoraLoader, core, Patchbay); not CI. BENCH_ARGS=--quick"
 	@echo "                  BENCH_ARGS=\"--arch sd15-full\" at real width; \"--device cuda --arch sdxl-full\" on a GPU"
 	@echo "make bench-merge  time SD1.5-size merges (Patchbay, sd-mecha, read+write floor); not CI. BENCH_ARGS=--no-sdmecha"
+	@echo "make bench-merge-nodes  four SD1.5-size models averaged in the graph: Merge node vs core's ModelMergeSimple chain (peak RSS, time); not CI. BENCH_ARGS=\"--arch tiny\""
 
 demo:
 	@$(call with_env) && "$$PY" devtools/demo.py
@@ -72,6 +73,9 @@ bench-hooks:
 
 bench-merge:
 	@$(call with_env) && "$$PY" devtools/bench_merge.py $(BENCH_ARGS)
+
+bench-merge-nodes:
+	@$(call with_env) && "$$PY" devtools/bench_merge_nodes.py $(BENCH_ARGS)
 
 env:
 	@devtools/env.sh --comfyui $(one_comfyui) --browser

@@ -89,7 +89,12 @@ class HookPatches:
 
 
 def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
-    """Parse a WeightHook's weights for ``model`` (a BaseModel) the way LoraLoader does."""
+    """Parse a WeightHook's weights for ``model`` (a BaseModel) the way LoraLoader does.
+
+    A hook with a ``check_model(model)`` method (a recipe hook) is asked first whether it fits.
+    """
+    if (check := getattr(hook, "check_model", None)) is not None:
+        check(model)
     if hook.need_weight_init:
         key_map = comfy.lora.model_lora_keys_unet(model, {})
         lora = comfy.lora_convert.convert_lora(hook.weights)
@@ -173,6 +178,8 @@ def _is_linear_in_strength(pk: PatchKey, v: Any) -> bool:
     """True when W(s) - W = s * (W(1) - W), so one delta serves every strength."""
     if pk.function is not None:
         return False
+    if getattr(v, "linear_in_strength", False):  # an adapter that says so (hooks/recipe_hook.py)
+        return True
     if isinstance(v, comfy.weight_adapter.WeightAdapterBase):
         dora_index = _LINEAR_ADAPTERS.get(v.name)
         return dora_index is not None and v.weights[dora_index] is None

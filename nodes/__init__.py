@@ -13,6 +13,7 @@ from . import (
     hook_preview,
     hook_regional,
     hooks,
+    merge_hook,
     merge_inputs,
     merge_methods,
     merge_outputs,
@@ -21,7 +22,7 @@ from . import (
 )
 
 _MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, hook_preview, patcher,
-            merge_inputs, merge_methods, merge_recipes, merge_outputs)
+            merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_hook)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -181,3 +181,25 @@ def apply_lora(model: Any, clip: Any, name: str, strength_model: float, strength
     """(model, clip) with LoRA ``name`` of the loras folder applied, exactly as LoraLoader applies it."""
     lora = comfy.utils.load_torch_file(folder_paths.get_full_path_or_raise("loras", name), safe_load=True)
     return comfy.sd.load_lora_for_models(model, clip, lora, strength_model, strength_clip)
+
+
+def recipe_hook(recipe: object, base: object | None, strength_model: float, *, keyframes: Any = None,
+                prev: Any = None, seed: int = 0, cache_mb: float = 0) -> Any:
+    """The Recipe Hook node: HOOKS adding ``strength_model * (recipe - base)`` to the diffusion model's
+    weights, each key's delta merged on first use (merge/delta.py, hooks/recipe_hook.py). The recipe's
+    inputs are opened and checked here (one architecture); nothing is merged yet."""
+    from ..hooks.recipe_hook import recipe_hook as make_hook
+    from ..merge.delta import RecipeDeltas, delta_recipe
+
+    options = merge_options(dtype="fp32", seed=seed, cache_mb=cache_mb)
+    deltas = RecipeDeltas(delta_recipe(recipe, base), options)
+    shapes = {merge_graph.comfy_key(key): shape for key, shape in deltas.shapes.items()
+              if key.startswith(UNET)}
+    if not shapes:
+        raise MergeBuildError(f"recipe hook: the recipe ({deltas.arch}) has no diffusion-model weight, so "
+                              f"the hook would change nothing; give it a recipe over checkpoints or "
+                              f"diffusion models")
+
+    def fetch(key: str) -> torch.Tensor | None:
+        return deltas.delta(merge_graph.canonical_key(key))
+    return make_hook(fetch, shapes, strength_model, keyframes, prev, name="recipe hook")

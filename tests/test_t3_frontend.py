@@ -95,6 +95,7 @@ LARGE_WORKFLOWS = {
     "regional_lora_four_regions": 0.53,  # five prompts and four masks
     "lora_block_weights_hook": 0.57,
     "merge_ties_three_models": 0.52,  # inputs, deltas, TIES, add_difference, Merge, sampler: 9 columns
+    "recipe_hook_fade_in": 0.57,  # a three-node merge recipe before the hook chain: seven columns
 }
 
 
