@@ -62,8 +62,10 @@ class LazyDelta(comfy.weight_adapter.WeightAdapterBase):
             raise RecipeMismatchError(f"recipe hook: {key} is {list(weight.shape)} in the model but "
                                       f"{list(self.shape)} in the recipe; use the hook with the model "
                                       f"architecture the recipe was made for")
+        if strength == 0:  # a keyframe at 0 (core's path scales the patch): nothing to merge yet
+            return weight
         delta = self.fetch(self.key)
-        if delta is None or strength == 0:
+        if delta is None:
             return weight
         function = function or (lambda a: a)
         delta = comfy.model_management.cast_to_device(delta, weight.device, weight.dtype)
