@@ -5,7 +5,7 @@
 # that one; the other targets use one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test test-one lint models workflows env clean bench-hooks bench-merge
+.PHONY: help demo run test test-one test-gpu lint models workflows env clean bench-hooks bench-merge bench-merge-nodes
 
 TESTED_COMFYUI := 0.3.75 0.33
 DEFAULT_COMFYUI := 0.3.75
@@ -22,11 +22,14 @@ help:
 	@echo "make test    run every test tier (t0 pure, t1 in-process, t2 live server, t3 real frontend)"
 	@echo "             on ComfyUI $(TESTED_COMFYUI) in turn; COMFYUI=0.33 (or 0.3.75) runs one version"
 	@echo "             COMFYUI=... also picks the version for demo, run, models, workflows (default $(DEFAULT_COMFYUI))"
+	@echo "make test-gpu  the tests marked gpu (dynamic VRAM with comfy-aimdo) on a CUDA machine; ComfyUI 0.33"
 	@echo "make lint    ruff over the repo"
 	@echo "make models  generate the tiny test models into .cache/models"
 	@echo "make workflows  rebuild workflows/*.json and thumbnails from devtools/workflow_sources"
 	@echo "make bench-hooks  time LoRA hooks (plain, LoraLoader, core, Patchbay); not CI. BENCH_ARGS=--quick"
+	@echo "                  BENCH_ARGS=\"--arch sd15-full\" at real width; \"--device cuda --arch sdxl-full\" on a GPU"
 	@echo "make bench-merge  time SD1.5-size merges (Patchbay, sd-mecha, read+write floor); not CI. BENCH_ARGS=--no-sdmecha"
+	@echo "make bench-merge-nodes  four SD1.5-size models averaged in the graph: Merge node vs core's ModelMergeSimple chain (peak RSS, time); not CI. BENCH_ARGS=\"--arch tiny\""
 
 demo:
 	@$(call with_env) && "$$PY" devtools/demo.py
@@ -49,6 +52,13 @@ test-one:
 	@$(call with_env,--browser) && "$$PY" -m ruff check . && "$$PY" devtools/tiny_models.py \
 		&& "$$PY" -m pytest $(PYTEST_ARGS)
 
+# The gpu tests need CUDA (conftest deselects them elsewhere) and are about 0.33's dynamic VRAM.
+test-gpu: DEFAULT_COMFYUI := 0.33
+test-gpu:
+	@$(call with_env) && "$$PY" -c "import sys, torch; torch.cuda.is_available() or sys.exit(\
+		'make test-gpu: torch sees no CUDA device here (the gpu tests need an NVIDIA GPU)')" \
+		&& "$$PY" devtools/tiny_models.py && "$$PY" -m pytest -m gpu $(PYTEST_ARGS)
+
 lint:
 	@$(call with_env) && "$$PY" -m ruff check .
 
@@ -63,6 +73,9 @@ bench-hooks:
 
 bench-merge:
 	@$(call with_env) && "$$PY" devtools/bench_merge.py $(BENCH_ARGS)
+
+bench-merge-nodes:
+	@$(call with_env) && "$$PY" devtools/bench_merge_nodes.py $(BENCH_ARGS)
 
 env:
 	@devtools/env.sh --comfyui $(one_comfyui) --browser

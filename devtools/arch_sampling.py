@@ -40,18 +40,20 @@ SDXL_LORAS = (f"{tiny_arch.SDXL_LORA}.safetensors",)
 FLUX_LORAS = tuple(f"{stem}.safetensors" for stem in (tiny_arch.FLUX_KOHYA, tiny_arch.FLUX_DIFFUSERS))
 FLUX_BFL_LORA = f"{tiny_arch.FLUX_BFL}.safetensors"  # a control LoRA: widens img_in
 FLUX_BFL_KEEP_LORA = f"{tiny_arch.FLUX_BFL_KEEP}.safetensors"  # BFL layout, img_in keeps its shape
-# Text tokens, token width and pooled width per architecture.
+# Text tokens, token width and pooled width per architecture ("sd15": for UNet-only SD1.5 files, such
+# as the GGUF ones of devtools/tiny_gguf.py; its model ignores the pooled vector).
 COND_SHAPES = {
+    "sd15": (77, 768, 768),
     "sdxl": (77, 2048, 1280),
     "flux": (8, tiny_arch.FLUX_DIT["context_in_dim"], tiny_arch.FLUX_DIT["vec_in_dim"]),
 }
-LATENT_SIZE = {"sdxl": 16, "flux": 8}  # latent pixels: 128x128 and 64x64 images
+LATENT_SIZE = {"sd15": 16, "sdxl": 16, "flux": 8}  # latent pixels: 128x128 and 64x64 images
 Conditioning = list[list[Any]]  # ComfyUI's CONDITIONING: [[cross_attn, {"pooled_output": ..., ...}]]
 
 
-def _check_arch(arch: str) -> None:
-    if arch not in ARCHES:
-        raise ValueError(f"unknown architecture {arch!r}: use one of {ARCHES}")
+def _check_arch(arch: str, known: tuple[str, ...] = ARCHES) -> None:
+    if arch not in known:
+        raise ValueError(f"unknown architecture {arch!r}: use one of {known}")
 
 
 @contextlib.contextmanager
@@ -118,25 +120,26 @@ def make_cond(
     strength: float = 1.0,
     set_cond_area: str = "default",
     timesteps_range: tuple[float, float] | None = None,
+    image_side: int | None = None,
 ) -> Conditioning:
     """Synthesized conditioning for ``arch`` (std-1 normal tensors from ``seed``), core properties set.
 
     ``hooks``, ``mask`` (``(H, W)`` or ``(B, H, W)``, any size: ComfyUI resizes it to the latent),
     ``strength`` (the mask's), ``set_cond_area`` and ``timesteps_range`` are applied with
     ``comfy.hooks.set_conds_props``, i.e. exactly as the core "Cond Set Props" / ConditioningSetMask
-    nodes do.
+    nodes do. ``image_side`` sets SDXL's size keys (default: 8 * LATENT_SIZE, the image tests sample).
     """
     import comfy.hooks
 
-    _check_arch(arch)
+    _check_arch(arch, tuple(COND_SHAPES))
     tokens, width, pooled_width = COND_SHAPES[arch]
     generator = torch.Generator().manual_seed(seed)
     cross_attn = torch.randn((1, tokens, width), generator=generator)
     extra: dict[str, Any] = {"pooled_output": torch.randn((1, pooled_width), generator=generator)}
     if arch == "sdxl":  # what CLIPTextEncodeSDXL adds for model_base.SDXL.encode_adm
-        size = 8 * LATENT_SIZE[arch]
+        size = image_side or 8 * LATENT_SIZE[arch]
         extra.update(width=size, height=size, crop_w=0, crop_h=0, target_width=size, target_height=size)
-    else:
+    elif arch == "flux":
         extra["guidance"] = 3.5  # FluxGuidance's default
     cond = [[cross_attn, extra]]
     return comfy.hooks.set_conds_props([cond], strength, set_cond_area, mask, hooks, timesteps_range)[0]

@@ -1,10 +1,18 @@
-"""Benchmark: LoRA hooks, core vs Patchbay vs LoraLoader vs no hooks (issue 4). Not part of CI.
+"""Benchmark: LoRA hooks, core vs Patchbay vs LoraLoader vs no hooks (issues 4 and 18). Not part of CI.
 
-Run ``make bench-hooks`` (or ``python devtools/bench_hooks.py [--rounds N] [--quick]`` inside the
-environment that devtools/env.sh makes). ComfyUI is imported in-process on the CPU the way
-tests/conftest.py's ``comfy`` fixture does it; the tiny checkpoint samples 10 euler steps at CFG 7 on
-8x8 and 16x16 latents, with torch pinned to one thread. A focused re-check of one figure:
+Run ``make bench-hooks`` (or ``python devtools/bench_hooks.py [--arch A] [--device D] [--rounds N]
+[--quick]`` inside the environment that devtools/env.sh makes). ComfyUI is imported in-process the
+way tests/conftest.py's ``comfy`` fixture does it (main.py is not run: on a GPU, ComfyUI 0.33's
+dynamic VRAM stays off), with torch pinned to one thread. A focused re-check of one figure:
 ``BENCH_ARGS="--scenarios regional_two_loras --sizes 16 --memory none"`` (about 5 minutes).
+
+Models (``--arch``, devtools/bench_models.py; euler, CFG 7): ``tiny``, the tiny SD1.5 checkpoint,
+10 steps at 8x8 and 16x16 (issue 4); ``sd15-full``, an SD1.5-size UNet with rank-32 LoRAs, 10 steps
+at 16x16; ``sdxl-full``, an SDXL-size UNet, 20 steps at 128x128 (1024 x 1024), the regional scenario
+with plain, core and Fast Hooks, for ``--device cuda`` (``sdxl-small``: its code path, CPU-sized).
+``--compile`` (issue 18 item 3): every contender samples the model compiled by ComfyUI's
+TorchCompileModel (inductor); "plain" is then the compiled model without hooks, and the untimed warm-up
+round compiles every graph. No memory probes then.
 
 Scenarios (each times the *same* workflow per contender; only how the LoRA is applied differs):
   positive_lora       one LoRA hook on the positive prompt
@@ -14,16 +22,19 @@ Scenarios (each times the *same* workflow per contender; only how the LoRA is ap
 
 Contenders build the sampling inputs (model, positive, negative) from real ComfyUI nodes:
   nohook      plain; for regional, the same two masked regions without hooks
-  loraloader  the LoRA(s) baked with LoraLoader at strength 1 (strength_clip 0). Not an exact
-              equivalent for scheduled_lora (no schedule) nor regional_two_loras (both LoRAs baked
-              into the whole model, regions kept) nor for positive-only (baked = positive+negative);
-              it is the cost floor a hook engine is compared against.
+  loraloader  the LoRA(s) baked with LoraLoader at strength 1 (strength_clip 0). Not an exact equivalent for
+              scheduled_lora (no schedule) nor regional_two_loras (both LoRAs baked into the whole
+              model, regions kept) nor for positive-only (baked = positive+negative); it is the cost
+              floor a hook engine is compared against.
+  bypass      the same through core's forward-pass LoraLoaderBypass (ComfyUI 0.33; null on versions
+              without it)
   core        core hook nodes: CreateHookLora, CreateHookKeyframesFromFloats + SetHookKeyframes,
               ConditioningSetProperties (with masks for regions), ConditioningCombine
   patchbay    the core workflow unchanged, its MODEL passed through "Fast Hooks (Patchbay)" once
 
-Timing: only the KSampler call is timed (time.perf_counter), which includes ComfyUI's model load and
-patching and, for core, hook registration at sample time. Contenders are interleaved round-robin
+Timing: only the KSampler call is timed (time.perf_counter; on CUDA after a synchronize on both
+sides), which includes ComfyUI's model load and patching and, for core, hook registration at sample
+time. Every model is unloaded before each run. Contenders are interleaved round-robin
 over ``--rounds`` rounds after one untimed warm-up round (each round starts with the next
 contender, so none always runs first); medians are reported, and next to them the median of the
 per-round ratios (one scenario's contenders run back to back, so the machine's slow drift cancels).
@@ -33,14 +44,13 @@ nodes are cached), which is what calling the same objects again models. In-proce
 the executor's caching and its IS_CHANGED/graph work, so this is the sampling cost, not the whole
 queue latency.
 
-Memory: each (scenario, contender) runs in a fresh process (``--probe``): ComfyUI and the checkpoint
-are loaded, one warm-up run is made, every model is unloaded, then the peak RSS is reset
-(``/proc/self/clear_refs`` = 5) and the second run (inputs built, including reading the LoRA file,
-then sampled) is measured as VmHWM over the RSS before it. "Over plain" subtracts the scenario's
-nohook probe. In one process the contenders disturb each other's figures (the allocator keeps what
-one frees for the next), so they are kept apart. ``--memory all`` also probes LoraLoader and core.
+Memory (devtools/bench_memory.py): on the CPU the peak RSS of a second run (inputs built, including
+reading the LoRA file, then sampled) in a fresh process per (scenario, contender) (``--probe``, run
+before the timing, so that this process holds no model meanwhile); on
+CUDA the timed runs' ``torch.cuda.max_memory_allocated``; both over the memory before the run, minus
+the scenario's nohook figure. ``--memory all`` also measures the other contenders.
 
-Timings on a shared 2-core machine are noisy; read the ratios, not the seconds.
+Timings on a shared machine are noisy; read the ratios, not the seconds.
 """
 
 from __future__ import annotations
@@ -50,34 +60,47 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
-SCENARIOS = ("positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun")
-CONTENDERS = ("nohook", "loraloader", "core", "patchbay")
-JSON_KEYS = ("patchbay_s", "core_s", "nohook_s", "loraloader_s", "patchbay_rss_mb_over_plain",
+import bench_memory
+import bench_models
+from bench_models import ARCHES, ArchSpec, Targets
+
+SCENARIOS = bench_models.ALL_SCENARIOS
+CONTENDERS = bench_models.ALL_CONTENDERS
+JSON_KEYS = ("patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "patchbay_rss_mb_over_plain",
              "lora_files_mb")
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA_A = "patchbay-lora-r4.safetensors"
-LORA_B = "patchbay-lora-r16.safetensors"
+RUN_KEYS = ("arch", "device", "steps", "compile", "comfyui", "memory")
 SCHEDULE = [1.0, 0.75, 0.5, 0.25]
-STEPS, CFG, SAMPLER, SCHEDULER = 10, 7.0, "euler", "normal"
-SIZES = (8, 16)  # latent side; pixels = 8x
-NOT_IMPLEMENTED = "not implemented yet (issue 4)"
-MEMORY_METHOD = ("a fresh process per scenario and contender: after one warm-up run, the peak RSS of "
-                 "a second run (VmHWM after clear_refs) over the RSS before it, minus the scenario's "
-                 "nohook probe")
+CFG, SAMPLER, SCHEDULER = 7.0, "euler", "normal"
+NOT_AVAILABLE = "not available in this ComfyUI version"
 
 
 class NotImplementedContender(Exception):
     """A contender that has no implementation; its figures are reported as null."""
 
 
-def scenario_loras(scenario: str) -> list[str]:
-    return [LORA_A, LORA_B] if scenario == "regional_two_loras" else [LORA_A]
+@dataclass(frozen=True)
+class RunSetup:
+    """What one benchmark run samples: the model (``spec``), where, and for how many steps."""
+
+    spec: ArchSpec
+    device: str = "cpu"
+    steps: int = 10
+
+    def argv(self) -> list[str]:
+        """The options that make the same setup in a ``--probe`` process."""
+        return ["--arch", self.spec.name, "--device", self.device, "--steps", str(self.steps)]
 
 
-def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict) -> str:
+def scenario_loras(scenario: str, loras: tuple[str, str]) -> list[str]:
+    return list(loras) if scenario == "regional_two_loras" else [loras[0]]
+
+
+def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict, run: dict | None = None) -> str:
     """The final JSON line. ``medians[scenario][contender]`` is seconds or None (missing = None);
-    ``rss_over_plain_mb[scenario][contender]`` likewise; ``lora_files_mb[scenario]`` is a float."""
+    ``rss_over_plain_mb[scenario][contender]`` likewise; ``lora_files_mb[scenario]`` is a float;
+    ``run`` holds RUN_KEYS (what was measured where), null where missing."""
     def r(value, digits):
         return None if value is None else round(float(value), digits)
 
@@ -89,27 +112,26 @@ def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict) -> st
             "core_s": r(m.get("core"), 4),
             "nohook_s": r(m.get("nohook"), 4),
             "loraloader_s": r(m.get("loraloader"), 4),
+            "bypass_s": r(m.get("bypass"), 4),
             "patchbay_rss_mb_over_plain": r(rss_over_plain_mb.get(name, {}).get("patchbay"), 2),
             "lora_files_mb": r(lora_files_mb.get(name), 3),
         }
     assert all(tuple(figures) == JSON_KEYS for figures in scenarios.values())
-    return json.dumps({"bench": "hooks", "scenarios": scenarios}, separators=(", ", ": "))
+    header = {key: (run or {}).get(key) for key in RUN_KEYS}
+    return json.dumps({"bench": "hooks", **header, "scenarios": scenarios}, separators=(", ", ": "))
 
 
 # ---- ComfyUI in-process ---------------------------------------------------------------------------
 
 
-def init_comfy():
-    """Import ComfyUI on the CPU like tests/conftest.py's ``comfy`` fixture; returns the node mappings."""
+def init_comfy(device: str = "cpu"):
+    """Import ComfyUI like tests/conftest.py's ``comfy`` fixture, on ``device``; returns the node mappings."""
     import tempfile
     from pathlib import Path
 
     import comfy_inprocess
-    import devpaths
-    import tiny_models
 
-    tiny_models.ensure_models(devpaths.models_dir())
-    nodes = comfy_inprocess.start_comfy()
+    nodes = comfy_inprocess.start_comfy(cpu=device == "cpu")
     pack = comfy_inprocess.load_pack(nodes, Path(tempfile.mkdtemp(prefix="patchbay-bench-")))
     import comfy.utils
 
@@ -118,19 +140,18 @@ def init_comfy():
 
 
 class Bench:
-    """Loads the checkpoint and prompts once; contenders build per-scenario inputs from them."""
+    """Loads the model and prompts once; contenders build per-scenario inputs from them."""
 
-    def __init__(self, n):
+    def __init__(self, n, setup: RunSetup = RunSetup(ARCHES["tiny"])):
         import torch
 
-        self.n = n
-        self.torch = torch
-        self.model, self.clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-        (self.positive,) = n["CLIPTextEncode"]().encode(self.clip, "a knight in armor")
-        (self.negative,) = n["CLIPTextEncode"]().encode(self.clip, "blurry")
-        (self.left,) = n["CLIPTextEncode"]().encode(self.clip, "a red castle")
-        (self.right,) = n["CLIPTextEncode"]().encode(self.clip, "a green forest")
+        self.n, self.setup, self.torch = n, setup, torch
+        inputs = bench_models.load(setup.spec, n)
+        self.model, self.clip, self.loras = inputs.model, inputs.clip, inputs.loras
+        self.positive, self.negative = inputs.prompts["positive"], inputs.prompts["negative"]
+        self.left, self.right = inputs.prompts["left"], inputs.prompts["right"]
         self.fast_model, _clip = n["PatchbayHookEngine"]().enable(self.model, 2048.0)
+        self.meter = bench_memory.RunMeter(setup.device)
 
     def latent(self, side: int):
         (latent,) = self.n["EmptyLatentImage"]().generate(side * 8, side * 8, 1)
@@ -144,10 +165,10 @@ class Bench:
     def sample(self, inputs, latent, seed: int):
         model, positive, negative = inputs
         (out,) = self.n["KSampler"]().sample(
-            model, seed, STEPS, CFG, SAMPLER, SCHEDULER, positive, negative, latent)
+            model, seed, self.setup.steps, CFG, SAMPLER, SCHEDULER, positive, negative, latent)
         return out
 
-    # -- regions without hooks (nohook / loraloader for regional_two_loras)
+    # -- regions without hooks (nohook / loraloader / bypass for regional_two_loras)
     def _regions(self, side: int, hooks=(None, None)):
         n = self.n
         mask_l, mask_r = self.masks(side)
@@ -167,21 +188,31 @@ class Bench:
             return self.model, self._regions(side), self.negative
         return self.model, self.positive, self.negative
 
+    def _whole_model(self, node: str, scenario: str, side: int):
+        """The scenario's LoRA(s) on the whole model through ``node``, strength_clip 0 (the CLIP, where
+        there is one, only maps the LoRA's text-encoder keys, so none is reported as not loaded)."""
+        model, clip = self.model, self.clip
+        for lora in scenario_loras(scenario, self.loras):
+            model, clip = self.n[node]().load_lora(model, clip, lora, 1.0, 0.0)
+        _plain, positive, negative = self.nohook(scenario, side)
+        return model, positive, negative
+
     def loraloader(self, scenario: str, side: int):
-        model = self.model
-        for lora in scenario_loras(scenario):
-            model, _clip = self.n["LoraLoader"]().load_lora(model, self.clip, lora, 1.0, 0.0)
-        if scenario == "regional_two_loras":
-            return model, self._regions(side), self.negative
-        return model, self.positive, self.negative
+        return self._whole_model("LoraLoader", scenario, side)
+
+    def bypass(self, scenario: str, side: int):
+        if "LoraLoaderBypass" not in self.n:
+            raise NotImplementedContender(f"core's LoraLoaderBypass: {NOT_AVAILABLE}")
+        return self._whole_model("LoraLoaderBypass", scenario, side)
 
     def core(self, scenario: str, side: int):
         n = self.n
+        lora_a, lora_b = self.loras
         if scenario == "regional_two_loras":
-            (hooks_a,) = n["CreateHookLora"]().create_hook(LORA_A, 1.0, 1.0)
-            (hooks_b,) = n["CreateHookLora"]().create_hook(LORA_B, 1.0, 1.0)
+            (hooks_a,) = n["CreateHookLora"]().create_hook(lora_a, 1.0, 1.0)
+            (hooks_b,) = n["CreateHookLora"]().create_hook(lora_b, 1.0, 1.0)
             return self.model, self._regions(side, (hooks_a, hooks_b)), self.negative
-        (hooks,) = n["CreateHookLora"]().create_hook(LORA_A, 1.0, 1.0)
+        (hooks,) = n["CreateHookLora"]().create_hook(lora_a, 1.0, 1.0)
         if scenario == "scheduled_lora":
             (kf,) = n["CreateHookKeyframesFromFloats"]().create_hook_keyframes(list(SCHEDULE), 0.0, 1.0)
             (hooks,) = n["SetHookKeyframes"]().set_hook_keyframes(hooks, kf)
@@ -195,13 +226,12 @@ class Bench:
         return self.fast_model, positive, negative
 
     def run_once(self, contender: str, scenario: str, side: int, seeds=(1, 2)) -> tuple[float, float]:
-        """Time one KSampler call (seed_rerun: the second seed) and measure the peak RSS over the RSS
-        before building the inputs (MB). Building the inputs is not timed."""
+        """Time one KSampler call (seed_rerun: the second seed) and measure the peak memory over the
+        memory before building the inputs (MB; bench_memory.RunMeter). Building the inputs is not timed."""
         import comfy.model_management
 
         comfy.model_management.unload_all_models()  # each contender loads (and patches) for itself
-        rss_before = _rss_kb("VmRSS")
-        _reset_peak_rss()
+        self.meter.start()
         inputs = getattr(self, contender)(scenario, side)
         latent = self.latent(side)
         if scenario == "seed_rerun":
@@ -209,41 +239,28 @@ class Bench:
             seed = seeds[1]
         else:
             seed = seeds[0]
+        self.meter.fence()
         start = time.perf_counter()
         self.sample(inputs, latent, seed)
+        self.meter.fence()
         elapsed = time.perf_counter() - start
-        return elapsed, (_rss_kb("VmHWM") - rss_before) / 1024
+        return elapsed, self.meter.peak_mb()
 
 
-def _rss_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+def lora_files_mb(spec: ArchSpec, scenario: str) -> float:
+    paths = dict(zip(spec.lora_files(), bench_models.lora_paths(spec), strict=True))
+    return sum(paths[name].stat().st_size for name in scenario_loras(scenario, spec.lora_files())) / 2**20
 
 
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-
-
-def lora_files_mb(scenario: str) -> float:
-    import devpaths
-
-    folder = devpaths.models_dir() / "loras"
-    return sum((folder / name).stat().st_size for name in scenario_loras(scenario)) / 2**20
-
-
-def measure(bench: Bench, rounds: int, sizes: tuple[int, ...],
-            scenarios: tuple[str, ...] = SCENARIOS) -> tuple[dict, dict]:
+def measure(bench: Bench, rounds: int, sizes: tuple[int, ...], scenarios: tuple[str, ...] = SCENARIOS,
+            contenders: tuple[str, ...] = CONTENDERS) -> tuple[dict, dict]:
     """Round-robin over contenders; returns {(scenario, side, contender): [seconds]} and [peak MB]."""
-    keys = [(s, side, c) for side in sizes for s in scenarios for c in CONTENDERS]
+    keys = [(s, side, c) for side in sizes for s in scenarios for c in contenders]
     times: dict = {k: [] for k in keys}
     peaks: dict = {k: [] for k in keys}
     missing: set = set()
     for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
-        order = CONTENDERS[rnd % len(CONTENDERS):] + CONTENDERS[:rnd % len(CONTENDERS)]  # no fixed position
+        order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]  # no fixed position
         for scenario, side, contender in [(s, side, c) for side in sizes for s in scenarios for c in order]:
             if contender in missing:
                 continue
@@ -256,8 +273,7 @@ def measure(bench: Bench, rounds: int, sizes: tuple[int, ...],
             if rnd:
                 times[(scenario, side, contender)].append(elapsed)
                 peaks[(scenario, side, contender)].append(peak)
-        if rnd:
-            print(f"round {rnd}/{rounds} done", file=sys.stderr)
+        print(f"round {rnd}/{rounds} done{' (warm-up)' if not rnd else ''}", file=sys.stderr)
     return times, peaks
 
 
@@ -273,84 +289,93 @@ def paired(times: dict, scenario: str, side: int, contender: str, base: str = "n
     return _median([x / y for x, y in zip(a, b, strict=True)]) if a and len(a) == len(b) else None
 
 
-def print_times(times: dict, sizes: tuple[int, ...], rounds: int,
-                scenarios: tuple[str, ...] = SCENARIOS) -> None:
+def print_times(times: dict, setup: RunSetup, sizes: tuple[int, ...], rounds: int,
+                scenarios: tuple[str, ...] = SCENARIOS, contenders: tuple[str, ...] = CONTENDERS) -> None:
     med = {k: _median(v) for k, v in times.items()}
-    print(f"\nhooks benchmark: tiny SD1.5 checkpoint, {STEPS} {SAMPLER} steps, CFG {CFG}, torch threads 1, "
-          f"{rounds} round(s) + warm-up, median of KSampler wall time (CPU; noisy on a shared machine); "
-          "'paired': median of the per-round ratios")
+    print(f"\nhooks benchmark: {setup.spec.title}, {setup.steps} {SAMPLER} steps, CFG {CFG}, "
+          f"{setup.device}, torch threads 1, {rounds} round(s) + warm-up, median of KSampler wall time "
+          "(noisy on a shared machine); 'paired': median of the per-round ratios")
     print(f"{'scenario':<20} {'latent':<7} {'contender':<11} {'median s':>9} {'x plain':>8} {'x core':>7} "
           f"{'x plain paired':>15}")
     for scenario in scenarios:
         for side in sizes:
-            plain, core = med[(scenario, side, "nohook")], med[(scenario, side, "core")]
-            for contender in CONTENDERS:
+            plain, core = med[(scenario, side, "nohook")], med.get((scenario, side, "core"))
+            for contender in contenders:
                 m = med[(scenario, side, contender)]
-                row = (f"{'-':>9} {'-':>8}  {NOT_IMPLEMENTED}" if m is None
-                       else f"{m:>9.4f} {m / plain:>8.2f} {m / core:>7.2f} "
+                x_core = "-" if core is None or m is None else f"{m / core:.2f}"
+                row = (f"{'-':>9} {'-':>8}  {NOT_AVAILABLE}" if m is None
+                       else f"{m:>9.4f} {m / plain:>8.2f} {x_core:>7} "
                             f"{paired(times, scenario, side, contender):>15.2f}")
                 print(f"{scenario:<20} {side}x{side:<5} {contender:<11} {row}")
 
 
-def print_targets(times: dict, side: int, over: dict) -> None:
-    """Issue 4's targets with the measured figures: ratio of medians (paired: median of per-round ratios)."""
+def print_targets(times: dict, side: int, over: dict, targets: Targets = ARCHES["tiny"].targets,
+                  files_mb: dict | None = None) -> None:
+    """The issue's targets with the measured figures: ratio of medians (paired: median of per-round
+    ratios); memory over plain against ``files_mb[scenario]``, the scenario's LoRA files."""
     def ratio(scenario: str, a: str, b: str) -> str:
         ma, mb = _median(times[(scenario, side, a)]), _median(times[(scenario, side, b)])
         return f"{ma / mb:.2f} (paired {paired(times, scenario, side, a, b):.2f})"
 
+    def ran(scenario: str, contender: str) -> bool:
+        return bool(times.get((scenario, side, contender)))
+
     print(f"\ntargets ({side}x{side}):")
-    done = {s for s in SCENARIOS if times.get((s, side, "patchbay"))}
+    done = {s for s in SCENARIOS if ran(s, "patchbay")}
     for scenario in SCENARIOS:
         if scenario in done:
             print(f"  {scenario:<20} patchbay / plain {ratio(scenario, 'patchbay', 'nohook')} "
-                  "(target <= 1.10)")
-    if "regional_two_loras" in done:
+                  f"(target <= {targets.plain:.2f})")
+    if "regional_two_loras" in done and ran("regional_two_loras", "core"):
         print(f"  regional speed-up over core {ratio('regional_two_loras', 'core', 'patchbay')} "
-              "(target >= 1.5; no engine can beat the same regions without hooks, so the ceiling here is "
-              "core / nohook = "
+              f"(target >= {targets.regional:.1f}; no engine can beat the same regions without hooks, so the "
+              "ceiling here is core / nohook = "
               f"{ratio('regional_two_loras', 'core', 'nohook')})")
-    if "seed_rerun" in done:
+    if "seed_rerun" in done and ran("seed_rerun", "loraloader"):
         print(f"  seed_rerun patchbay / loraloader {ratio('seed_rerun', 'patchbay', 'loraloader')} "
-              "(target <= 1.10)")
+              f"(target <= {targets.rerun:.2f})")
     for scenario in SCENARIOS:
         mb = over.get(scenario, {}).get("patchbay")
-        if mb is not None:
-            files = lora_files_mb(scenario)
-            print(f"  {scenario:<20} peak over plain {mb:.2f} MB = {mb / files:.2f}x LoRA files "
-                  "(target <= 1.2)")
+        if mb is not None and files_mb:
+            print(f"  {scenario:<20} peak over plain {mb:.2f} MB = {mb / files_mb[scenario]:.2f}x LoRA files "
+                  f"(target <= {targets.memory:.1f})")
 
 
-def probe(scenario: str, contender: str, side: int) -> None:
+def probe(setup: RunSetup, scenario: str, contender: str, side: int) -> None:
     """Subprocess body: one warm-up run, then the peak RSS of a second run over the RSS before it."""
-    bench = Bench(init_comfy())
+    bench = Bench(init_comfy(setup.device), setup)
     bench.run_once(contender, scenario, side)  # first-use allocations (kernels, caches) happen here
     _elapsed, peak_mb = bench.run_once(contender, scenario, side, seeds=(3, 4))
     print(json.dumps({"probe": [scenario, contender], "peak_mb": peak_mb}))
 
 
-def probe_memory(side: int, contenders: tuple[str, ...], scenarios: tuple[str, ...] = SCENARIOS) -> dict:
-    """Peak MB over the scenario's nohook probe, each (scenario, contender) in a fresh process."""
-    import subprocess
+def probe_memory(setup: RunSetup, side: int, scenarios: tuple[str, ...], contenders: tuple[str, ...],
+                 which: str) -> dict:
+    """CPU: MB over plain from fresh-process probes of ``which`` ("patchbay", "all"; "none": {})."""
+    if which == "none":
+        return {}
+    probed = ("patchbay",) if which == "patchbay" else tuple(c for c in contenders if c != "nohook")
 
-    peaks: dict = {}
-    for scenario in scenarios:
-        for contender in ("nohook", *contenders):
-            cmd = [sys.executable, __file__, "--probe", scenario, contender, "--side", str(side)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"probe"')]
-            if not lines:
-                print(f"probe {scenario}/{contender} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-            peaks[(scenario, contender)] = json.loads(lines[-1])["peak_mb"] if lines else None
-    return {s: {c: None if peaks.get((s, c)) is None or peaks[(s, "nohook")] is None
-                else peaks[(s, c)] - peaks[(s, "nohook")] for c in CONTENDERS} for s in scenarios}
+    def command(scenario: str, contender: str) -> list[str]:
+        return [sys.executable, __file__, "--probe", scenario, contender, "--side", str(side), *setup.argv()]
+
+    return bench_memory.probe_processes(command, scenarios, probed)
 
 
-def print_memory(over: dict, side: int) -> None:
-    print(f"\npeak memory over plain (MB) at {side}x{side}, method: {MEMORY_METHOD}")
-    print(f"{'scenario':<20} " + " ".join(f"{c:>11}" for c in CONTENDERS) + f" {'lora files':>11}")
-    for scenario in over:
-        cells = " ".join(f"{'-' if v is None else format(v, '.2f'):>11}" for v in over[scenario].values())
-        print(f"{scenario:<20} {cells} {lora_files_mb(scenario):>11.2f}")
+def _subset(allowed: tuple[str, ...], what: str):
+    """An argparse type: comma-separated names from ``allowed``, returned in ``allowed``'s order."""
+    def parse(text: str) -> tuple[str, ...]:
+        picked = {t.strip() for t in text.split(",") if t.strip()}
+        unknown = sorted(picked - set(allowed))
+        if unknown or not picked:
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {unknown or [text]}; choose from "
+                                             + ", ".join(allowed))
+        return tuple(name for name in allowed if name in picked)  # the benchmark's own order
+    return parse
+
+
+_scenarios = _subset(SCENARIOS, "scenario")
+_contenders = _subset(CONTENDERS, "contender")
 
 
 def compile_models(bench: Bench) -> None:
@@ -362,14 +387,6 @@ def compile_models(bench: Bench) -> None:
     print("--compile: every contender samples the TorchCompileModel (inductor) model; no memory probes",
           file=sys.stderr)
 
-
-def _scenarios(text: str) -> tuple[str, ...]:
-    picked = {t.strip() for t in text.split(",") if t.strip()}
-    unknown = sorted(picked - set(SCENARIOS))
-    if unknown or not picked:
-        raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown or [text]}; choose from "
-                                         + ", ".join(SCENARIOS))
-    return tuple(s for s in SCENARIOS if s in picked)  # the benchmark's own order
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -383,52 +400,93 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sides
 
 
-def main(argv=None) -> int:
+def parse_options(argv=None) -> argparse.Namespace:
+    """The command line, with the arch's defaults filled in (``setup``, ``rounds``, ``sizes``, ``scenarios``,
+    ``contenders``, ``json_side``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender (default 5)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 8x8 only")
-    parser.add_argument("--scenarios", type=_scenarios, default=SCENARIOS, metavar="A,B",
-                        help="comma-separated subset of " + ",".join(SCENARIOS) + " (default all; the "
-                        "JSON line then carries nulls for the others)")
+    parser.add_argument("--arch", choices=tuple(ARCHES), default="tiny",
+                        help="model to sample (default tiny; see the module docstring)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="sampler steps (default: the arch's, 10 or 20 for sdxl-full)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed rounds per contender (default: the arch's, 5 or 3 for sdxl-full)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, the arch's smallest latent")
+    parser.add_argument("--scenarios", type=_scenarios, default=None, metavar="A,B",
+                        help="comma-separated subset of " + ",".join(SCENARIOS) + " (default: the arch's, "
+                        "all but for sdxl-full; the JSON line carries nulls for the others)")
+    parser.add_argument("--contenders", type=_contenders, default=None, metavar="A,B",
+                        help="comma-separated subset of " + ",".join(CONTENDERS) + " (default: the arch's; "
+                        "nohook, the baseline, is always run)")
     parser.add_argument("--sizes", type=_sizes, default=None, metavar="8,16",
-                        help="comma-separated latent sides (default 8,16; --quick: 8)")
+                        help="comma-separated latent sides (default: the arch's, 8,16 for tiny; --quick: "
+                        "the smallest)")
     parser.add_argument("--memory", choices=("patchbay", "all", "none"), default="patchbay",
-                        help="contenders whose peak memory is probed in fresh processes (default patchbay)")
+                        help="contenders whose peak memory is measured (default patchbay)")
     parser.add_argument("--compile", action="store_true",
                         help="every contender on the model compiled by TorchCompileModel (inductor): hooked "
                         "compiled vs compiled plain; no memory probes")
     parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
     parser.add_argument("--side", type=int, default=16, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
+    spec = ARCHES[opts.arch]
+    for name in ("steps", "rounds"):
+        if getattr(opts, name) is not None and getattr(opts, name) < 1:
+            parser.error(f"--{name} {getattr(opts, name)}: give a positive integer")
+    opts.setup = RunSetup(spec, opts.device, opts.steps or spec.steps)
+    opts.rounds = 1 if opts.quick else (opts.rounds or spec.rounds)
+    opts.sizes = opts.sizes or ((min(spec.sizes),) if opts.quick else spec.sizes)
+    opts.scenarios = opts.scenarios or spec.scenarios
+    picked = opts.contenders or spec.contenders
+    opts.contenders = tuple(c for c in CONTENDERS if c == "nohook" or c in picked)
+    opts.json_side = spec.sizes[-1] if spec.sizes[-1] in opts.sizes else opts.sizes[-1]
+    return opts
 
+
+def main(argv=None) -> int:
+    opts = parse_options(argv)
     import torch
 
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        print(f"--device cuda: torch {torch.__version__} sees no CUDA device (built for CUDA "
+              f"{torch.version.cuda}); run on a GPU machine with a CUDA build of torch.", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
+    setup = opts.setup
     if opts.probe:
-        probe(opts.probe[0], opts.probe[1], opts.side)
+        probe(setup, opts.probe[0], opts.probe[1], opts.side)
         return 0
-    rounds = 1 if opts.quick else opts.rounds
-    sizes = opts.sizes or ((8,) if opts.quick else SIZES)
-    scenarios = opts.scenarios
-    bench = Bench(init_comfy())
+    sizes, scenarios, contenders, side = opts.sizes, opts.scenarios, opts.contenders, opts.json_side
+    if opts.compile:
+        opts.memory = "none"  # the probes would sample uncompiled models in fresh processes
+    # CPU: the probes first, while this process holds no model (a full-size one is GBs) next to theirs
+    over = probe_memory(setup, side, scenarios, contenders, opts.memory) if setup.device == "cpu" else {}
+    bench = Bench(init_comfy(setup.device), setup)
     if opts.compile:
         compile_models(bench)
-        opts.memory = "none"  # the probes would sample uncompiled models in fresh processes
-    times, _peaks = measure(bench, rounds, sizes, scenarios)
-    print_times(times, sizes, rounds, scenarios)
-
-    json_side = 16 if 16 in sizes else sizes[-1]
-    over: dict = {}
-    if opts.memory != "none":
-        probed = ("patchbay",) if opts.memory == "patchbay" else tuple(c for c in CONTENDERS if c != "nohook")
-        over = probe_memory(json_side, probed, scenarios)
-        print_memory(over, json_side)
-    if json_side != 16:
-        print(f"(the JSON line carries {json_side}x{json_side} figures, not 16x16)")
-    medians = {s: {c: _median(times[(s, json_side, c)]) for c in CONTENDERS} for s in scenarios}
-    print_targets(times, json_side, over)
-    print(json_line(medians, over, {s: lora_files_mb(s) for s in SCENARIOS}))
+    times, peaks = measure(bench, opts.rounds, sizes, scenarios, contenders)
+    if setup.device == "cuda" and opts.memory != "none":
+        over = bench_memory.in_process(peaks, side, scenarios, contenders)
+    print_times(times, setup, sizes, opts.rounds, scenarios, contenders)
+    files_mb = {s: lora_files_mb(setup.spec, s) for s in SCENARIOS}
+    if over:
+        bench_memory.print_table(over, side, setup.device, files_mb, contenders)
+    if side != setup.spec.sizes[-1]:
+        print(f"(the JSON line carries {side}x{side} figures, not the arch's {setup.spec.sizes[-1]})")
+    medians = {s: {c: _median(times[(s, side, c)]) for c in contenders} for s in scenarios}
+    print_targets(times, side, over, setup.spec.targets, files_mb)
+    print(json_line(medians, over, files_mb, run_info(setup, opts.memory, opts.compile)))
     return 0
+
+
+def run_info(setup: RunSetup, memory: str, compiled: bool = False) -> dict:
+    """RUN_KEYS for the JSON line: the arch, device, steps, compile, ComfyUI version and memory method."""
+    import devpaths
+
+    method = {"cpu": "peak_rss", "cuda": "cuda_max_memory_allocated"}[setup.device]
+    return {"arch": setup.spec.name, "device": setup.device, "steps": setup.steps,
+            "compile": compiled, "comfyui": devpaths.comfyui_version(),
+            "memory": None if memory == "none" else method}
 
 
 if __name__ == "__main__":

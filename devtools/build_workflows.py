@@ -17,7 +17,9 @@ A source may hold note nodes (``{"class_type": "MarkdownNote", "inputs": {"text"
 ``Note``): the frontend builds them like any node and never queues them, so they are left out of the
 queued-prompt check and checked on their own: same id, title and text in the built workflow. A
 SaveImage node whose ``_meta`` has ``"thumbnail": true`` makes the thumbnail the image it saves when
-the source runs (the outcome: a plot, a region diagram); without one the thumbnail is the graph.
+the source runs (the outcome: a plot, a region diagram); ``"thumbnail": "graph"`` makes it the graph
+after a run in the frontend, images and node texts shown (where the image alone says little: a tiny
+model's sample); without either the thumbnail is the graph before a run.
 """
 
 from __future__ import annotations
@@ -321,11 +323,32 @@ def _save_thumbnail(image: Any, target: Path, *, enlarge: bool) -> Path:
 
 
 def _thumbnail_node(source: dict[str, Any]) -> str | None:
-    """The id of the image-saving node whose ``_meta`` says ``"thumbnail": true``, if any."""
+    """The id of the image-saving node whose ``_meta`` says ``"thumbnail": true`` (or ``"graph"``), if any."""
     marked = [nid for nid, node in source.items() if (node.get("_meta") or {}).get("thumbnail")]
     if len(marked) > 1:
         raise BuildError(f"nodes {marked} are all marked as the thumbnail; mark one")
     return marked[0] if marked else None
+
+
+def _thumbnail_kind(source: dict[str, Any]) -> str:
+    """"image" (the marked node's saved image), "graph" (the graph after a run) or "draft" (before one)."""
+    nid = _thumbnail_node(source)
+    mark = None if nid is None else source[nid]["_meta"]["thumbnail"]
+    if mark not in (None, True, "graph"):
+        raise BuildError(f"node {nid}: thumbnail is {mark!r}; use true (its image) or \"graph\"")
+    return {None: "draft", True: "image", "graph": "graph"}[mark]
+
+
+def graph_thumbnail(server: ComfyServer, frontend: Frontend, name: str, target: Path) -> Path:
+    """The template browser's picture as the graph after a run: queue the loaded graph in the frontend,
+    wait until the server has run it (its images and texts then show in their nodes), screenshot it."""
+    try:
+        server.wait(frontend.queue_graph(), timeout=600)
+        return thumbnail(frontend, target)
+    except RuntimeError as err:  # ExecutionError, ComfyServerError, FrontendError
+        raise BuildError(f"{name}: running it in the frontend for its thumbnail failed: {err}") from err
+    finally:
+        frontend.reload()  # the run's images must not reach the next workflow built on this page
 
 
 def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], target: Path) -> Path:
@@ -382,8 +405,11 @@ def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> in
             out_dir.mkdir(parents=True, exist_ok=True)
             target.write_text(workflow)
             source = json.loads(path.read_text())
-            if _thumbnail_node(source):
+            kind = _thumbnail_kind(source)
+            if kind == "image":
                 output_thumbnail(server, name, source, target.with_suffix(".jpg"))
+            elif kind == "graph":
+                graph_thumbnail(server, frontend, name, target.with_suffix(".jpg"))
             else:
                 thumbnail(frontend, target.with_suffix(".jpg"))
             print(f"built {target.relative_to(out_dir.parent)} (+ .jpg) from {path.name}")

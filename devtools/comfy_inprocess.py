@@ -15,14 +15,17 @@ from pathlib import Path
 import devpaths
 
 
-def start_comfy(output_dir: Path | None = None) -> types.ModuleType:
-    """Import ComfyUI on the CPU with the tiny models' folders and core + extra nodes; returns ``nodes``."""
+def start_comfy(output_dir: Path | None = None, cpu: bool = True) -> types.ModuleType:
+    """Import ComfyUI with the tiny models' folders and core + extra nodes; returns ``nodes``.
+
+    On the CPU unless ``cpu`` is False (benchmarks on a GPU); main.py is not run, so ComfyUI 0.33's
+    dynamic VRAM (comfy-aimdo) stays off there and models load through the plain ModelPatcher."""
     comfy_dir = devpaths.comfyui_dir()
     if str(comfy_dir) not in sys.path:
         sys.path.insert(0, str(comfy_dir))
     from comfy.cli_args import args
 
-    args.cpu = True
+    args.cpu = cpu
     import folder_paths
     import utils.extra_config  # noqa: F401  (before nodes, as main.py does)
 
@@ -30,6 +33,7 @@ def start_comfy(output_dir: Path | None = None) -> types.ModuleType:
     folder_paths.add_model_folder_path("checkpoints", str(base / "checkpoints"), is_default=True)
     folder_paths.add_model_folder_path("loras", str(base / "loras"), is_default=True)
     folder_paths.add_model_folder_path("diffusion_models", str(base / "diffusion_models"), is_default=True)
+    folder_paths.add_model_folder_path("controlnet", str(base / "controlnet"), is_default=True)
     if output_dir is not None:
         folder_paths.set_output_directory(str(output_dir))
     import nodes

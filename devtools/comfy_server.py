@@ -5,7 +5,9 @@ frontend in a browser) must see exactly what a user sees after cloning the pack 
 ``ComfyUI/custom_nodes``. So ComfyUI runs as its own process (``main.py --cpu``) and finds the pack
 through an ``extra_model_paths`` yaml whose ``custom_nodes:`` folder links to this repo. Every
 folder ComfyUI writes to (temp, user, input, database) lives in a temporary directory, so nothing
-is written into the ComfyUI folder; images go to ``--output-directory``.
+is written into the ComfyUI folder; images go to ``--output-directory``. Other packs (the tests load
+the vendored AnimateDiff-Evolved and Advanced-ControlNet, devtools/vendor_packs.py) are linked into
+the same custom_nodes folder under their own names.
 
 Only the standard library is used for HTTP (urllib), so the module runs in any Python.
 """
@@ -26,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,9 @@ class ComfyServer:
         api_nodes: load ComfyUI's paid API nodes (off: faster start, and the frontend stays offline).
         settings: frontend settings for the (fresh) default user, e.g. ``frontend.HEADLESS_SETTINGS``.
         extra_args: more ``main.py`` arguments.
+        extra_packs: other custom node packs to load, ``{folder name: source folder}`` (linked).
+        cpu: ``main.py --cpu``; False lets ComfyUI pick the GPU and memory mode as it would for a user
+            (on ComfyUI 0.33 with an NVIDIA GPU: dynamic VRAM).
     """
 
     def __init__(
@@ -100,6 +106,8 @@ class ComfyServer:
         api_nodes: bool = False,
         settings: dict[str, Any] | None = None,
         extra_args: tuple[str, ...] = (),
+        extra_packs: Mapping[str, Path] | None = None,
+        cpu: bool = True,
     ) -> None:
         self.output_dir = Path(output_dir or devpaths.output_dir()).resolve()
         self.port = port or free_port()
@@ -111,6 +119,8 @@ class ComfyServer:
         self._api_nodes = api_nodes
         self._settings = dict(settings or {})
         self._extra_args = tuple(extra_args)
+        self._extra_packs = dict(extra_packs or {})
+        self._cpu = cpu
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
         self._log_file = None
@@ -168,8 +178,8 @@ class ComfyServer:
         config = tmp / "extra_model_paths.yaml"
         config.write_text(self._extra_paths_yaml(tmp))
         command = [
-            sys.executable, str(comfy_dir / "main.py"), "--cpu", "--listen", "127.0.0.1",
-            "--port", str(self.port), "--disable-auto-launch",
+            sys.executable, str(comfy_dir / "main.py"), *(["--cpu"] if self._cpu else []),
+            "--listen", "127.0.0.1", "--port", str(self.port), "--disable-auto-launch",
             "--extra-model-paths-config", str(config),
             "--output-directory", str(self.output_dir),
             "--temp-directory", str(tmp), "--input-directory", str(tmp / "input"),
@@ -179,13 +189,16 @@ class ComfyServer:
             command.append("--disable-api-nodes")
         return command + list(self._extra_args)
 
-    @staticmethod
-    def _extra_paths_yaml(tmp: Path) -> str:
+    def _extra_paths_yaml(self, tmp: Path) -> str:
         models = devpaths.models_dir().resolve()
+        custom_nodes = devpaths.make_custom_nodes_dir(tmp)
+        for name, source in self._extra_packs.items():
+            (custom_nodes / name).symlink_to(Path(source).resolve(), target_is_directory=True)
         paths = {
             "checkpoints": models / "checkpoints",
             "loras": models / "loras",
-            "custom_nodes": devpaths.make_custom_nodes_dir(tmp),
+            "controlnet": models / "controlnet",
+            "custom_nodes": custom_nodes,
         }
         # A JSON string is a valid YAML double-quoted scalar, whatever the path holds.
         return "patchbay:\n" + "".join(f"  {key}: {json.dumps(str(p))}\n" for key, p in paths.items())
@@ -239,6 +252,14 @@ class ComfyServer:
         """Everything ComfyUI has printed so far, as ``plain_log`` gives it (``raw``: byte for byte)."""
         text = self.log_path.read_text(encoding="utf-8", errors="replace")
         return text if raw else plain_log(text)
+
+    def startup_log(self) -> str:
+        """The log up to "Starting server" (``log_text``'s lines): the imports only, whatever later
+        prompts print."""
+        log = self.log_text()
+        if "Starting server" not in log:
+            raise ComfyServerError(f"no 'Starting server' line in {self.log_path}")
+        return log.split("Starting server", 1)[0]
 
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_text().splitlines()[-lines:]

@@ -45,6 +45,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PATCHBAY_REPO_CACHE", ROOT / ".cache"))
 
 
+def env_cache_dir() -> Path:
+    """The cache outside the clone (devtools/env.sh's environments, unpacked vendor packs)."""
+    return Path(os.environ.get("PATCHBAY_CACHE", Path.home() / ".cache" / "patchbay"))
+
+
+def vendor_dir() -> Path:
+    """Third-party source archives (the shared vendor folder; $PATCHBAY_VENDOR moves it, as for env.sh)."""
+    return Path(os.environ.get("PATCHBAY_VENDOR", ROOT.parent / "shared" / "vendor"))
+
+
 def models_dir() -> Path:
     """Generated tiny models: ``checkpoints/`` and ``loras/`` below it."""
     return cache_dir() / "models"

@@ -5,8 +5,9 @@ Why: the bundled workflows must be what the frontend itself writes and reads, so
 live ComfyServer, not by a re-implementation. This module owns the browser details: Debian's
 ``/usr/bin/chromium`` (playwright never downloads a browser here), a fresh profile per session,
 the first-run popups kept out of the way, and the few ``window.app`` calls we rely on
-(``loadGraphData``, ``loadApiJson``, ``graphToPrompt``, ``LiteGraph.registered_node_types``), which
-frontends 1.32.9 (ComfyUI 0.3.75) and 1.49.6 (ComfyUI 0.33) both have.
+(``loadGraphData``, ``loadApiJson``, ``graphToPrompt``, ``LiteGraph.registered_node_types``, the
+``Comfy.QueuePrompt`` command), which frontends 1.32.9 (ComfyUI 0.3.75) and 1.49.6 (ComfyUI 0.33)
+both have.
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ class Frontend:
             raise FrontendError(f"the frontend at {self.url} was not ready within {seconds:.0f} s; "
                                 f"console errors: {self.console_errors[-5:]}") from err
 
+    def reload(self) -> None:
+        """Load the page again: a fresh frontend state (a run's images are kept per node id and would
+        otherwise show in, and resize, the node of that id in the next graph loaded)."""
+        self.page.reload()
+        self.page.wait_for_function(_READY, timeout=self.timeout_ms)
+
     def _on_console(self, message: Any) -> None:
         if message.type == "error":
             self.console_errors.append(message.text)
@@ -182,6 +189,30 @@ class Frontend:
             };
           }
           return out; }""")
+
+    def queue_graph(self, timeout: float = 60.0) -> str:
+        """Queue the loaded graph as the Queue button does; return the new prompt's id (wait for it with
+        ``ComfyServer.wait``). FrontendError with the frontend's dialog text if it refused the graph."""
+        before = set(self._prompt_ids())
+        self.console_errors.clear()
+        self.evaluate("async () => app.extensionManager.command.execute('Comfy.QueuePrompt')")
+        deadline = time.monotonic() + timeout
+        while not (new := [pid for pid in self._prompt_ids() if pid not in before]):
+            if errors := self.error_messages():
+                raise FrontendError(f"the frontend did not queue the graph: {errors}")
+            if time.monotonic() > deadline:
+                raise FrontendError(f"nothing was queued within {timeout:.0f} s; console errors: "
+                                    f"{self.console_errors[-5:]}")
+            time.sleep(0.2)
+        return new[0]
+
+    def _prompt_ids(self) -> list[str]:
+        """Ids of the prompts the server has queued, running or in its history."""
+        return self.evaluate("""async () => {
+            const queue = await (await fetch('api/queue')).json();
+            const history = await (await fetch('api/history')).json();
+            return [...queue.queue_running, ...queue.queue_pending].map((e) => e[1])
+                .concat(Object.keys(history)); }""")
 
     # -- pictures --------------------------------------------------------------------------------
 

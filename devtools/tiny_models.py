@@ -10,6 +10,9 @@ No weights can be downloaded where the tests run, so tests and demos use these i
 - ``loras/``: kohya-named LoRA, LoCon, LoHa and LoKr files, two ranks each.
 - ``diffusion_models/`` and more ``loras/``: tiny SDXL and Flux models and their LoRAs, made by
   devtools/tiny_arch.py (which imports this module) and covered by the same manifest.
+- ``diffusion_models/*.gguf``: the SD1.5 UNet of ``a`` and the Flux model quantized to Q8_0 and Q4_K,
+  as ComfyUI-GGUF's tools lay them out (devtools/tiny_gguf.py; made from the files above).
+- ``controlnet/``: a tiny SD1.5 ControlNet for these checkpoints, made by devtools/tiny_controlnet.py.
 
 Key names and shapes come from ComfyUI's own classes built on the ``meta`` device, and LoRA module
 names from ``comfy.lora``'s key maps. Weights are uniform with a fan-in-scaled std (norms 1,
@@ -92,16 +95,17 @@ LORAS = (
 @dataclass(frozen=True)
 class TinyModels:
     """The generated files, by stem: ``checkpoints["patchbay-sd15-tiny-a"]``, ``loras["patchbay-lora-r4"]``,
-    ``diffusion_models["patchbay-flux-tiny"]``.
+    ``diffusion_models["patchbay-flux-tiny"]``, ``controlnet["patchbay-sd15-tiny-controlnet"]``.
 
-    ``root`` holds ``checkpoints/``, ``loras/`` and ``diffusion_models/``; ComfyUI's loaders take
-    ``path.name``.
+    ``root`` holds ``checkpoints/``, ``loras/``, ``diffusion_models/`` and ``controlnet/``; ComfyUI's
+    loaders take ``path.name``.
     """
 
     root: Path
     checkpoints: dict[str, Path]
     loras: dict[str, Path]
     diffusion_models: dict[str, Path] = field(default_factory=dict)
+    controlnet: dict[str, Path] = field(default_factory=dict)
 
 
 def checkpoint_rel(variant: str) -> str:
@@ -113,10 +117,13 @@ def lora_rel(spec: LoraSpec) -> str:
 
 
 def all_rels() -> list[str]:
-    import tiny_arch  # imported late: it builds on this module
+    import tiny_arch  # imported late: these build on this module
+    import tiny_controlnet
+    import tiny_gguf
 
     sd15 = [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
-    return sd15 + tiny_arch.all_rels()
+    # GGUF last: made from the others
+    return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + tiny_gguf.all_rels()
 
 
 def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
@@ -387,7 +394,7 @@ def generate(
     fresh, reused = {}, 0
     for rel in all_rels():
         if rel in todo:
-            fresh[rel] = write_safetensors(out_dir / rel, *_builder(rel, builders).build(rel))
+            fresh[rel] = _write(out_dir, rel, _builder(rel, builders))
         elif not (out_dir / rel).is_file():  # --only into a folder without the others
             continue
         else:
@@ -405,13 +412,26 @@ def generate(
     print(f"{len(todo)} generated, {reused} reused in {out_dir} ({seconds:.1f} s)")
 
 
-def _builder(rel: str, made: dict[str, object]):
-    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for the others; each made once, when needed."""
-    import tiny_arch
+def _write(out_dir: Path, rel: str, builder) -> str:
+    """Generate ``out_dir / rel`` with ``builder`` and return its sha256."""
+    if rel.endswith(".gguf"):
+        return builder.write(out_dir, rel)
+    return write_safetensors(out_dir / rel, *builder.build(rel))
 
-    kind = "arch" if rel in tiny_arch.all_rels() else "sd15"
+
+def _builder(rel: str, made: dict[str, object]):
+    """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for SDXL and Flux, tiny_controlnet's for the
+    ControlNet, tiny_gguf.GgufModels for the GGUF files; each made once, when needed."""
+    import tiny_arch
+    import tiny_controlnet
+    import tiny_gguf
+
+    kinds = {"gguf": (tiny_gguf.all_rels(), tiny_gguf.GgufModels),
+             "arch": (tiny_arch.all_rels(), tiny_arch.ArchModels),
+             "controlnet": (tiny_controlnet.all_rels(), tiny_controlnet.ControlNetModels)}
+    kind = next((name for name, (rels, _) in kinds.items() if rel in rels), "sd15")
     if kind not in made:
-        made[kind] = tiny_arch.ArchModels() if kind == "arch" else ComfyArch()
+        made[kind] = kinds[kind][1]() if kind in kinds else ComfyArch()
     return made[kind]
 
 

@@ -59,6 +59,9 @@ EXTENSION_WIDGETS: dict[str, tuple[tuple[Widget, ...], tuple[Widget, ...]]] = {
                    (Widget("preview", "MARKDOWN", stored=False, api=True, default=""),)),
     "SaveText": ((Widget("preview_text", "MARKDOWN", stored=False, api=False, default=""),
                   Widget("preview_mode", "COMBO", stored=False, api=False)), ()),
+    # web/js/recipe_text.js: the recipe shown in the node (saved with the workflow, never queued)
+    "PatchbayMergeRecipeToText": ((Widget("recipe_text", "patchbay_recipe_text", api=False, default=""),),
+                                  (Widget("recipe_text", "patchbay_recipe_text", api=False, default=""),)),
 }
 
 

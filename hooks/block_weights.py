@@ -5,7 +5,10 @@
         one whose file's tensors for model weight ``k`` are scaled by ``strength_of(k)``
 
 Scaling one factor scales the LoRA's delta on that weight: the up (B) matrix of LoRA/LoCon, ``w1`` of
-LoHa/LoKr, a full ``diff``. DoRA (its delta is not linear in the factors) and model-as-LoRA hooks are
+LoHa/LoKr, a full ``diff``. A weight the LoRA replaces outright (``set``: the norm scales of BFL-layout
+Flux files) has no delta to scale; it stays unless its block's strength is 0, as LoraLoader sets it
+whatever the strength. Files are first parsed as LoraLoader parses them (``convert_lora``), so BFL-layout
+keys find their weights. DoRA (its delta is not linear in the factors) and model-as-LoRA hooks are
 refused with an error. Which block a weight belongs to is the caller's (the node layer maps model keys to
 the merge library's block names); this module only sees a key -> strength function.
 Nothing passed in is changed; the new hooks get their own identity.
@@ -16,15 +19,18 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import Any
 
 import comfy.hooks
 import comfy.lora
+import comfy.lora_convert
 
 __all__ = ["BlockWeightError", "block_weighted", "parse_block_map"]
 
 # the factor whose scaling scales the delta, by the suffix comfy.weight_adapter reads it under
 _SCALED = (".lora_up.weight", "_lora.up.weight", ".lora_B.weight", ".lora.up.weight",
            ".lora_linear_layer.up.weight", ".hada_w1_a", ".lokr_w1", ".lokr_w1_a", ".diff", ".diff_b")
+_SET = ".set_weight"  # a "set" patch (comfy.lora_convert writes BFL norm scales as one): no delta to scale
 _ITEM = re.compile(r"[^,;\n]+")
 
 
@@ -57,14 +63,26 @@ def parse_block_map(text: str) -> dict[str, float]:
     return mapping
 
 
-def _scaled(lora: dict, key_map: dict[str, str], strength_of: Callable[[str], float], name: str) -> dict:
+def _target(key_map: dict[str, Any], prefix: str) -> str | None:
+    """The model weight a LoRA module name patches (Flux diffusers names map to a slice of a fused
+    weight: ``(key, (dim, offset, size))``, whose key is what the block depends on)."""
+    target = key_map.get(prefix)
+    return target[0] if isinstance(target, tuple) else target
+
+
+def _scaled(lora: dict, key_map: dict[str, Any], strength_of: Callable[[str], float], name: str) -> dict:
     out = dict(lora)
     for key, tensor in lora.items():
+        if key.endswith(_SET):  # a weight the LoRA replaces (BFL norm scales): kept unless its block is 0
+            prefix = key[: -len(_SET)]
+            if strength_of(_target(key_map, prefix) or prefix) == 0.0:
+                del out[key]
+            continue
         suffix = next((s for s in _SCALED if key.endswith(s)), None)
         if suffix is None:
             continue
         prefix = key[: -len(suffix)]
-        target = key_map.get(prefix)
+        target = _target(key_map, prefix)
         if target is None:
             continue
         strength = strength_of(target)
@@ -94,7 +112,9 @@ def block_weighted(hooks: comfy.hooks.HookGroup, model, clip, strength_of: Calla
             raise BlockWeightError(f"{name} is a model-as-LoRA hook: block weights apply to LoRA hooks; "
                                    f"use a per-block model merge instead.")
         # a new hook (new identity: caches key on it) with the same base strengths, schedule and name
-        new = comfy.hooks.create_hook_lora(_scaled(hook.weights, key_map, strength_of, name),
+        # parsed as LoraLoader parses it (BFL-layout Flux keys get their diffusion_model. names)
+        lora = comfy.lora_convert.convert_lora(hook.weights)
+        new = comfy.hooks.create_hook_lora(_scaled(lora, key_map, strength_of, name),
                                            hook._strength_model, hook._strength_clip)
         new.set_keyframes_on_hooks(hook.hook_keyframe)
         new.hooks[0].hook_id = hook.hook_id

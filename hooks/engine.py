@@ -45,6 +45,7 @@ from .cache import TensorCache
 from .compiled import CompiledRun, twin_settings
 from .lowrank import ModuleDeltas, RowStrengths
 from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, dense_key, load_hook_patches
+from .quantized import plain_weight
 
 __all__ = ["ROUNDINGS", "RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
            "calc_cond_batch_wrapper", "outer_sample_wrapper"]
@@ -182,6 +183,7 @@ class HookEngine:
                 log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), reason)
         if not claimed:
             return []
+        log.debug("%d hook(s) run in the forward pass on %s", len(claimed), type(patcher).__name__)
         refs = tuple(by_ref)
         modules = self._modules(patcher, refs, by_ref, rounding)
         def build(other: Any) -> dict:
@@ -236,7 +238,8 @@ class HookEngine:
                 entry = backup.get(key)
                 base = entry.weight if entry is not None else comfy.utils.get_attr(model, key)
                 round_to = base.dtype if rounded else None
-                return dense_delta(parts, base.to(device), strength, round_to).to(dtype)
+                plain = plain_weight(comfy.utils.get_attr(model, parts[0][0].module_path), base, device)
+                return dense_delta(parts, plain, strength, round_to).to(dtype)
             # the patch objects themselves (not their ids, which later patches could reuse) key the delta
             patches = tuple((patch, pk.offset) for pk, patch in parts)
             return self.cache.get_or_make((patches, key, device, dtype, strength, rounded), make)

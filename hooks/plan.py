@@ -11,14 +11,16 @@ Data flow (once per hook content and model; the result is cached by the engine):
       -> {module: ModuleDeltas}: LoRA/LoCon on Linear/Conv weights as LowRankDelta (A, B used as
          loaded), everything else as DenseDelta materialised on demand through ``dense_fetch``
       rounding "loraloader": every patched weight stored in a lower precision than fp32 (fp8, fp16,
-         bf16) instead gets one DenseDelta per (hook, weight), fetched per strength as
-         round(W + dW(s)) - W with ComfyUI's own rounding (``comfy.float.stochastic_rounding``,
-         seeded by the key), the weight full-load LoraLoader writes; the forward pass then recomputes
-         the hooked rows with W plus that delta (``replace``), the exact weight LoraLoader uses.
+         bf16; GGUF-quantized ones are not rounded, see hooks/quantized.py) instead gets one DenseDelta
+         per (hook, weight), fetched per strength as round(W + dW(s)) - W with ComfyUI's own rounding
+         (``comfy.float.stochastic_rounding``, seeded by the key), the weight full-load LoraLoader
+         writes; the forward pass then recomputes the hooked rows with W plus that delta (``replace``),
+         the exact weight LoraLoader uses.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ import comfy.weight_adapter
 import torch
 
 from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
+from .quantized import is_stored_quantized
 
 __all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
            "dense_key", "load_hook_patches", "split_key"]
@@ -86,7 +89,12 @@ class HookPatches:
 
 
 def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
-    """Parse a WeightHook's weights for ``model`` (a BaseModel) the way LoraLoader does."""
+    """Parse a WeightHook's weights for ``model`` (a BaseModel) the way LoraLoader does.
+
+    A hook with a ``check_model(model)`` method (a recipe hook) is asked first whether it fits.
+    """
+    if (check := getattr(hook, "check_model", None)) is not None:
+        check(model)
     if hook.need_weight_init:
         key_map = comfy.lora.model_lora_keys_unet(model, {})
         lora = comfy.lora_convert.convert_lora(hook.weights)
@@ -158,8 +166,8 @@ def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
         return False
     if reshape is not None and reshape != list(weight.shape):
         return False
-    rank = down.shape[0]
-    return up.numel() == weight.shape[0] * rank and down.numel() == rank * weight[0].numel()
+    rank = down.shape[0]  # shapes from weight.shape: a quantized weight's storage has another shape
+    return up.numel() == weight.shape[0] * rank and down.numel() == rank * math.prod(weight.shape[1:])
 
 
 # Adapters that add ``strength * diff`` (unless they carry a DoRA magnitude), with its index.
@@ -170,6 +178,8 @@ def _is_linear_in_strength(pk: PatchKey, v: Any) -> bool:
     """True when W(s) - W = s * (W(1) - W), so one delta serves every strength."""
     if pk.function is not None:
         return False
+    if getattr(v, "linear_in_strength", False):  # an adapter that says so (hooks/recipe_hook.py)
+        return True
     if isinstance(v, comfy.weight_adapter.WeightAdapterBase):
         dora_index = _LINEAR_ADAPTERS.get(v.name)
         return dora_index is not None and v.weights[dora_index] is None
@@ -219,7 +229,13 @@ def dense_key(model: torch.nn.Module, hp: HookPatches, rounding: str = "compute"
 
 def _rounded(model: torch.nn.Module, pk: PatchKey, rounding: str) -> bool:
     """Whether ``rounding`` makes the patched tensor a dense delta rounded like LoraLoader's."""
-    return rounding == "loraloader" and comfy.utils.get_attr(model, pk.key).dtype != torch.float32
+    return rounding == "loraloader" and _rounded_when_patched(comfy.utils.get_attr(model, pk.key))
+
+
+def _rounded_when_patched(weight: torch.Tensor) -> bool:
+    """Whether LoraLoader rounds W + delta back into this weight's storage: below fp32, and not kept
+    quantized (ComfyUI-GGUF adds LoRAs at dequantize time, in the compute dtype, as "compute" does)."""
+    return weight.dtype != torch.float32 and not is_stored_quantized(weight)
 
 
 def _module_deltas(module: torch.nn.Module) -> ModuleDeltas:

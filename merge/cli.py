@@ -230,15 +230,9 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _models_arch(root: Any, search_dirs: tuple[Path, ...]) -> str | None:
     """The architecture of the recipe's model files when they can be opened (block maps need it)."""
-    from . import io as mio
-    from .steps import compile_recipe
+    from .steps import models_arch
 
-    try:
-        files = mio.open_models(spec.path for spec in compile_recipe(root, search_dirs).sources)
-    except (ValueError, OSError):
-        return None
-    weights = [f.arch for f in files if not f.arch.startswith("lora")]
-    return weights[0] if weights else None
+    return models_arch(root, search_dirs)
 
 
 def run_validate(args: argparse.Namespace) -> int:

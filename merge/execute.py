@@ -17,7 +17,9 @@ threads need the other cores, and an oversubscribed OpenMP pool is many times sl
 Devices: ``device="cuda"`` moves each key's inputs to the GPU and runs whole-tensor evaluation
 there (untested here: the development machine has no GPU).
 
-Options, the report and the policies for shape mismatches and missing keys: merge/plan.py.
+Options, the report and the policies for shape mismatches and missing keys: merge/plan.py. The
+plan-then-stream steps themselves are ``MergeSession`` (merge/session.py), which other callers stream
+into other sinks (the ComfyUI Merge node fills a model's parameters).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ import time
 from pathlib import Path
 
 from . import io as mio
-from . import pipeline
-from .plan import MergeError, MergeOptions, MergeReport, PlanSummary, opened_sources, plan, plan_keys
-from .steps import compile_recipe, recipe_text
+from .plan import MergeError, MergeOptions, MergeReport, PlanSummary, plan
+from .session import MergeSession
 
-__all__ = ["MergeError", "MergeOptions", "MergeReport", "PlanSummary", "merge", "plan"]  # the Python API
+__all__ = ["MergeError", "MergeOptions", "MergeReport", "MergeSession", "PlanSummary", "merge",
+           "plan"]  # the Python API
 
 
 def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | None = None) -> MergeReport:
@@ -44,15 +46,12 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     start = time.perf_counter()
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
-    graph = compile_recipe(recipe, options.search_dirs, options.cache)
-    report = MergeReport(path=out_path)
-    with opened_sources(graph) as sources:
-        plans = plan_keys(graph, sources, options, report)
-        metadata = {"patchbay.recipe": recipe_text(recipe, report.arch),
-                    "patchbay.generator": "ComfyUI-Patchbay merge"}
-        outputs = [mio.OutputTensor(p.key, p.dtype, p.shape) for p in plans]
+    with MergeSession(recipe, options, out_path) as session:
+        report = session.report
+        metadata = {"patchbay.recipe": session.recipe_text(), "patchbay.generator": "ComfyUI-Patchbay merge"}
+        outputs = [mio.OutputTensor(p.key, p.dtype, p.shape) for p in session.plans]
         with mio.SafetensorsWriter(out_path, outputs, metadata, options.overwrite, options.fsync) as writer:
-            pipeline.run(graph, sources, plans, writer, options, report)
+            session.stream(writer)
             writer.commit()
         if report.nonfinite:
             shown = ", ".join(report.nonfinite[:3]) + (", ..." if len(report.nonfinite) > 3 else "")

@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +37,10 @@ _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|o
 
 @dataclass(frozen=True)
 class ExtractOptions:
-    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1)."""
+    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1).
+
+    ``resolve``, ``check`` and ``on_progress`` (keys done, keys in all) as in ``MergeOptions``.
+    """
 
     rank: int | None = 32
     energy: float | None = None
@@ -44,6 +49,10 @@ class ExtractOptions:
     device: str = "cpu"
     overwrite: bool = False
     search_dirs: tuple[Path, ...] = ()
+    threads: int = 1  # torch threads for the SVDs (0 keeps torch's setting), as MergeOptions.threads
+    resolve: Callable[[str], Any] | None = field(default=None, compare=False)  # as in MergeOptions
+    check: Callable[[], None] | None = field(default=None, compare=False)
+    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.energy is not None and not 0 < self.energy <= 1:
@@ -87,32 +96,16 @@ def extract_lora(recipe: object, out_path: str | Path,
     start = time.perf_counter()
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
-    graph = compile_recipe(recipe, options.search_dirs)
+    graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
     sources = graph.open_sources()
     report = ExtractReport(out_path)
-    tensors: dict[str, torch.Tensor] = {}
-    errors: list[float] = []
+    previous_threads = torch.get_num_threads()
+    if options.threads > 0:
+        torch.set_num_threads(options.threads)
     try:
-        weights = [s for s in sources if s.space == "weight"] or sources
-        keys = dict.fromkeys(key for source in weights for key in source.keys())  # noqa: SIM118
-        evaluator = Evaluator(graph, "overlap")
-        report.arch = weights[0].arch
-        check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
-        for key in keys:
-            name = kohya_name(key)
-            if name is None:
-                report.dropped.append(key)
-                continue
-            delta = _delta(evaluator, graph, sources, key, weights[0].arch, options.device)
-            if delta is None or delta.dim() not in (2, 4) or not torch.any(delta):
-                continue
-            up, down, rank, error = decompose(delta, _rank_for(delta, options), options.energy)
-            tensors[f"{name}.lora_up.weight"] = up.to(OUT_DTYPES[options.dtype]).cpu()
-            tensors[f"{name}.lora_down.weight"] = down.to(OUT_DTYPES[options.dtype]).cpu()
-            tensors[f"{name}.alpha"] = torch.tensor(float(rank), dtype=OUT_DTYPES[options.dtype])
-            report.ranks[name] = rank
-            errors.append(error)
+        tensors, errors = _modules(graph, sources, options, report)
     finally:
+        torch.set_num_threads(previous_threads)
         for source in sources:
             source.close()
     if not tensors:
@@ -129,6 +122,38 @@ def extract_lora(recipe: object, out_path: str | Path,
     return report
 
 
+def _modules(graph: Any, sources: list, options: ExtractOptions,
+             report: ExtractReport) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The LoRA's tensors (up, down, alpha per module) and each module's relative error."""
+    tensors: dict[str, torch.Tensor] = {}
+    errors: list[float] = []
+    weights = [s for s in sources if s.space == "weight"] or sources
+    keys = dict.fromkeys(key for source in weights for key in source.keys())  # noqa: SIM118
+    evaluator = Evaluator(graph, "overlap")
+    report.arch = weights[0].arch
+    check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
+    dtype = OUT_DTYPES[options.dtype]
+    for done, key in enumerate(keys):
+        if options.check is not None:
+            options.check()
+        if options.on_progress is not None:
+            options.on_progress(done, len(keys))
+        name = kohya_name(key)
+        if name is None:
+            report.dropped.append(key)
+            continue
+        delta = _delta(evaluator, graph, sources, key, report.arch, options.device)
+        if delta is None or delta.dim() not in (2, 4) or not torch.any(delta):
+            continue
+        up, down, rank, error = decompose(delta, _rank_for(delta, options), options.energy)
+        tensors[f"{name}.lora_up.weight"] = up.to(dtype).cpu()
+        tensors[f"{name}.lora_down.weight"] = down.to(dtype).cpu()
+        tensors[f"{name}.alpha"] = torch.tensor(float(rank), dtype=dtype)
+        report.ranks[name] = rank
+        errors.append(error)
+    return tensors, errors
+
+
 def _delta(evaluator: Evaluator, graph: object, sources: list, key: str, arch: str,
            device: str) -> torch.Tensor | None:
     leaves = []
@@ -142,7 +167,7 @@ def _delta(evaluator: Evaluator, graph: object, sources: list, key: str, arch: s
             raw = source.read_into(key, torch.empty(info.nbytes, dtype=torch.uint8))
             leaves.append(raw.to(device).float())
         else:
-            leaves.append(source.delta(key).to(device))
+            leaves.append(source.tensor(key).to(device).float())
     return evaluator.evaluate(graph.root, leaves, KeyContext(key=key, device=device, arch=arch))
 
 

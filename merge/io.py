@@ -238,17 +238,22 @@ def detect_architecture(tensors: Mapping[str, TensorInfo]) -> tuple[str, bool]:
 def open_models(paths: Iterable[str | os.PathLike]) -> list[SafetensorsFile]:
     """Open each path lazily and check that the weight files share one architecture."""
     files = [SafetensorsFile(p) for p in paths]
-    weights = [f for f in files if not f.arch.startswith("lora")]
-    if weights:
-        first = weights[0]
-        for other in weights[1:]:
-            if other.arch != first.arch:
-                raise ModelFileError(
-                    other.path, f"is {_arch_phrase(other.arch)} but {first.path.name} is "
-                                f"{first.arch if first.arch != 'unknown' else _arch_phrase(first.arch)}",
-                    "Models of different architectures cannot be merged: use models of one base "
-                    "(all SD1.5, all SDXL or all Flux).")
+    check_same_architecture([(f.path, f.arch) for f in files if not f.arch.startswith("lora")])
     return files
+
+
+def check_same_architecture(models: list[tuple[str | os.PathLike, str]]) -> None:
+    """``(path or name, arch)`` of every weight input: a ``ModelFileError`` naming the first that differs."""
+    if not models:
+        return
+    first_path, first = models[0]
+    for path, arch in models[1:]:
+        if arch != first:
+            raise ModelFileError(
+                path, f"is {_arch_phrase(arch)} but {Path(first_path).name} is "
+                      f"{first if first != 'unknown' else _arch_phrase(first)}",
+                "Models of different architectures cannot be merged: use models of one base "
+                "(all SD1.5, all SDXL or all Flux).")
 
 
 def _arch_phrase(arch: str) -> str:

@@ -27,7 +27,9 @@ class LoraSource:
 
     space = "delta"
 
-    def __init__(self, file: mio.SafetensorsFile, base: mio.SafetensorsFile | None) -> None:
+    def __init__(self, file: mio.SafetensorsFile, base: object | None) -> None:
+        """``base``: the model the LoRA applies to, a ``SafetensorsFile`` or any source (``keys()``,
+        ``info(key)``, ``arch``, ``fingerprint``) with canonical keys."""
         if base is None:
             raise mio.ModelFileError(file.path, "is a LoRA but the recipe has no checkpoint to map it onto",
                                      "Merge LoRAs into a model, e.g. add_difference(model, lora).")
@@ -36,7 +38,8 @@ class LoraSource:
         for key in file.tensors:
             module, _, part = key.partition(".")
             modules.setdefault(module, {})[part] = key
-        names = kohya_names(base.canonical_keys(), base.arch)
+        base_keys, base_shape = _base_view(base)
+        names = kohya_names(base_keys, base.arch)
         self.targets: dict[str, dict[str, str]] = {}
         self.unmapped: list[str] = []
         for module, parts in modules.items():
@@ -51,7 +54,15 @@ class LoraSource:
                 self.targets[names[module]] = parts
             else:
                 self.unmapped.append(module)
-        self._shapes = {k: base.tensors[base.native(k)].shape for k in self.targets}
+        if modules and not self.targets:
+            base_name = base.path.name if isinstance(base, mio.SafetensorsFile) else base.name
+            problem = (f"matches no key of {base_name} ({base.arch}): none of its {len(modules)} modules "
+                       f"(e.g. {self.unmapped[0]}) names a layer of it")
+            raise mio.ModelFileError(file.path, problem, "Use a LoRA made for this base model.")
+        self._shapes = {k: base_shape(k) for k in self.targets}
+        stat = file.path.stat()
+        self.fingerprint = ("lora", str(file.path), stat.st_size, stat.st_mtime_ns,
+                            getattr(base, "fingerprint", None))
 
     def keys(self) -> list[str]:
         return list(self.targets)
@@ -89,8 +100,17 @@ class LoraSource:
             diff, scale = _lokr(t, alpha)
         return (diff * scale).reshape(shape)
 
+    tensor = delta  # the source interface (merge/sources.py)
+
     def close(self) -> None:
         self.file.close()
+
+
+def _base_view(base: object) -> tuple[list[str], object]:
+    """(canonical keys, key -> shape) of a LoRA's base model, a file or a source."""
+    if isinstance(base, mio.SafetensorsFile):
+        return base.canonical_keys(), lambda key: base.tensors[base.native(key)].shape
+    return base.keys(), lambda key: base.info(key).shape
 
 
 def _lokr(t: dict[str, torch.Tensor], alpha: float | None) -> tuple[torch.Tensor, float]:

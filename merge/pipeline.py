@@ -9,6 +9,15 @@ soon as they are consumed, so memory stays flat whatever the model size.
 A unit is a whole key, or, for elementwise recipes whose inputs for one key would not fit an
 arena (eight inputs of SD1.5's largest conv are 472 MB), a slice of its elements: the reader then
 reads that byte range of every input and the slices are evaluated into the key's output buffer.
+
+With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
+``Graph.key_id`` is written from the cache without reading its inputs, and each computed key is
+stored. ``MergeOptions.check`` runs before every unit (and inside long elementwise loops), so an
+interrupt stops within one key; ``on_progress`` follows the progress bar.
+
+The output goes to a sink: anything with ``append(key, tensor)`` (called from the writer thread; the
+tensor's memory is reused afterwards, so a sink copies what it keeps): the safetensors writer, or the
+ComfyUI Merge node's model (nodes/merge_runtime.py).
 """
 
 from __future__ import annotations
@@ -30,7 +39,6 @@ from .steps import Graph
 from .stream import Evaluator, NonFiniteError, Spill, all_finite, chunkable
 
 if TYPE_CHECKING:
-    from .io import SafetensorsWriter
     from .plan import KeyPlan, MergeOptions, MergeReport
 
 _DONE = object()
@@ -38,46 +46,49 @@ _DONE = object()
 
 @dataclass(frozen=True)
 class Unit:
-    """What the reader reads at once: a whole key, or elements ``start:end`` of it (``sliced``)."""
+    """What the reader reads at once: a whole key, or elements ``start:end`` of it (``sliced``); a key
+    found in the cache is not read at all (``cached``)."""
 
     plan: KeyPlan
     start: int = 0
     end: int = 0
     sliced: bool = False
+    cached: torch.Tensor | None = None
 
 
-def run(graph: Graph, sources: list, plans: list[KeyPlan], writer: SafetensorsWriter, options: MergeOptions,
-        report: MergeReport) -> None:
-    """Stream every planned key through read-ahead, evaluation and the writer (see module docstring)."""
+def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: MergeOptions,
+        report: MergeReport, spill_dir: Path | None = None) -> None:
+    """Stream every planned key through read-ahead, evaluation and ``sink`` (see module docstring)."""
     budget = options.memory_budget_mb * 2**20
     capacity = max(ALIGN, budget // 8)  # two arenas: a quarter of the budget
-    units = list(split_units(graph, sources, plans, options, capacity))
+    cache = options.cache if hasattr(options.cache, "put") else None
+    salt = (options.seed, options.shape_policy, options.missing_policy, options.device)
+    cached = _cached_results(graph, plans, cache, salt, report.arch) if cache is not None else {}
+    report.cached_keys += len(cached)
+    units = list(split_units(graph, sources, plans, options, capacity, cached))
     arena_bytes = max((_unit_bytes(sources, u) for u in units), default=ALIGN)
     arenas = max(1, min(options.prefetch + 1, (budget // 4) // arena_bytes))
     out_bytes = max((math.prod(p.shape) * p.dtype.itemsize for p in plans), default=ALIGN)
-    spill = Spill(writer.path.parent)
-    evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources)
-    pipe = _Pipeline(sources, units, writer, arenas, arena_bytes, out_bytes)
+    spill = Spill(spill_dir or options.spill_dir or Path(sink.path).parent)
+    evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources, cache=cache, salt=salt,
+                          check=options.check)
+    pipe = _Pipeline(sources, units, sink, arenas, arena_bytes, out_bytes)
     previous_threads = torch.get_num_threads()
     if options.threads > 0:
         torch.set_num_threads(options.threads)
     try:
         pipe.start()
-        total = sum(math.prod(p.shape) * p.dtype.itemsize for p in plans)
-        with _progress(options, total, writer.path) as bar:
+        total, done = sum(math.prod(p.shape) * p.dtype.itemsize for p in plans), 0
+        with _progress(options, total, Path(getattr(sink, "path", "merge"))) as bar:
             for unit, arena, raw in pipe.inputs():
-                spill.rewind()
-                plan = unit.plan
-                out_buffer = pipe.take_out_buffer()
-                if unit.sliced:
-                    result = _compute_slice(evaluator, graph, unit, raw, out_buffer, options, report)
-                else:
-                    result = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
-                pipe.release_arena(arena)
-                if result is not None:
-                    pipe.write(plan.key, result)
-                done = (unit.end - unit.start) if unit.sliced else math.prod(plan.shape)
-                bar.update(done * plan.dtype.itemsize)
+                if options.check is not None:
+                    options.check()
+                _run_unit(pipe, evaluator, graph, unit, arena, raw, options, report, cache, salt)
+                size = (unit.end - unit.start) if unit.sliced else math.prod(unit.plan.shape)
+                bar.update(size * unit.plan.dtype.itemsize)
+                done += size * unit.plan.dtype.itemsize
+                if options.on_progress is not None:
+                    options.on_progress(min(total, done), total)
         pipe.finish()
     finally:
         pipe.stop()
@@ -86,10 +97,59 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], writer: SafetensorsWr
         spill.close()
 
 
+def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, arena: Any, raw: Any,
+              options: MergeOptions, report: MergeReport, cache: Any, salt: tuple) -> None:
+    """Evaluate one unit (or take it from the cache) and hand a finished key to the writer."""
+    plan = unit.plan
+    if unit.cached is not None:
+        if unit.cached is DROPPED:
+            report.skipped.append(plan.key)
+        else:
+            pipe.write(plan.key, unit.cached, cached=True)
+        return
+    spill = evaluator.spill
+    if spill is not None:
+        spill.rewind()
+    out_buffer = pipe.take_out_buffer()
+    if unit.sliced:
+        result = _compute_slice(evaluator, graph, unit, raw, out_buffer, options, report)
+    else:
+        result = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
+    pipe.release_arena(arena)
+    if cache is not None and plan.passthrough is None:
+        cache.put(root_id(graph, plan, salt, report.arch), DROPPED if result is None else result.clone())
+        cache.settle()
+    if result is not None:
+        pipe.write(plan.key, result)
+
+
+DROPPED = torch.empty(0)  # cached for a key the recipe leaves out (pick_component): nothing to write
+
+
+def root_id(graph: Graph, plan: KeyPlan, salt: tuple, arch: str) -> tuple:
+    """The cache id of one output key's final result (in its output dtype)."""
+    return ("root", str(plan.dtype), salt, graph.key_id(graph.root, plan.key, arch))
+
+
+def _cached_results(graph: Graph, plans: list[KeyPlan], cache: Any, salt: tuple, arch: str) -> dict:
+    """key -> cached final result, for the float keys the cache holds."""
+    cache.new_run()
+    found = {}
+    for plan in plans:
+        if plan.passthrough is None:
+            value = cache.get(root_id(graph, plan, salt, arch))
+            if value is not None:
+                found[plan.key] = value
+    return found
+
+
 def split_units(graph: Graph, sources: list, plans: list[KeyPlan], options: MergeOptions,
-                capacity: int) -> Iterator[Unit]:
+                capacity: int, cached: dict | None = None) -> Iterator[Unit]:
     """One unit per key, or element slices of at most ``capacity`` input bytes for sliceable keys."""
     for plan in plans:
+        if cached and plan.key in cached:
+            yield Unit(plan, cached=cached[plan.key])
+            continue
         whole = Unit(plan)
         if _unit_bytes(sources, whole) <= capacity or not _sliceable(graph, sources, plan, options):
             yield whole
@@ -109,6 +169,8 @@ def _sliceable(graph: Graph, sources: list, plan: KeyPlan, options: MergeOptions
 
 
 def _unit_bytes(sources: list, unit: Unit) -> int:
+    if unit.cached is not None:
+        return ALIGN
     total = 0
     for source, present in zip(sources, unit.plan.present, strict=True):
         if present and hasattr(source, "read_into"):
@@ -195,7 +257,7 @@ def nonfinite_origin(sources: list, plan: KeyPlan) -> str:
             info = source.info(plan.key)
             tensor = source.read_into(plan.key, torch.empty(info.nbytes, dtype=torch.uint8))
         else:
-            tensor = source.delta(plan.key)
+            tensor = source.tensor(plan.key)
         if tensor.is_floating_point() and not all_finite(tensor):
             bad.append(source.name)
     if bad:
@@ -212,7 +274,7 @@ def _progress(options: MergeOptions, total: int, path: Path) -> tqdm:
 class _Pipeline:
     """The reader and writer threads with their buffer pools; errors surface in the calling thread."""
 
-    def __init__(self, sources: list, units: list[Unit], writer: SafetensorsWriter, arenas: int,
+    def __init__(self, sources: list, units: list[Unit], writer: Any, arenas: int,
                  arena_bytes: int, out_bytes: int) -> None:
         self.sources, self.units, self.writer = sources, units, writer
         self.free_arenas: queue.Queue = queue.Queue()
@@ -230,6 +292,9 @@ class _Pipeline:
                                               daemon=True)
         self._pending_out: torch.Tensor | None = None
         self.main = threading.current_thread()
+        # the threads work in the caller's inference mode (ComfyUI runs nodes under torch.inference_mode:
+        # a model built there has inference tensors, which only code in inference mode may write)
+        self.inference = torch.is_inference_mode_enabled()
 
     def start(self) -> None:
         self.reader.start()
@@ -246,8 +311,15 @@ class _Pipeline:
                 continue
 
     def _read_all(self) -> None:
+        with torch.inference_mode(self.inference):
+            self._read_units()
+
+    def _read_units(self) -> None:
         try:
             for unit in self.units:
+                if unit.cached is not None:
+                    self.ready.put((unit, None, None))
+                    continue
                 arena = self._get(self.free_arenas)
                 raw, offset, key = [], 0, unit.plan.key
                 for source, present in zip(self.sources, unit.plan.present, strict=True):
@@ -258,7 +330,7 @@ class _Pipeline:
                     elif hasattr(source, "read_into"):
                         raw.append(source.read_into(key, arena[offset:]))
                     else:
-                        raw.append(source.delta(key))
+                        raw.append(source.tensor(key))
                     if raw[-1] is not None and hasattr(source, "read_into"):
                         offset += raw[-1].numel() * raw[-1].element_size()
                         offset += -offset % ALIGN
@@ -287,11 +359,17 @@ class _Pipeline:
             self._pending_out = self._get(self.free_out)
         return self._pending_out
 
-    def write(self, key: str, tensor: torch.Tensor) -> None:
-        buffer, self._pending_out = self._pending_out, None
+    def write(self, key: str, tensor: torch.Tensor, cached: bool = False) -> None:
+        buffer = None
+        if not cached:
+            buffer, self._pending_out = self._pending_out, None
         self.to_write.put((key, tensor.contiguous(), buffer))
 
     def _write_all(self) -> None:
+        with torch.inference_mode(self.inference):
+            self._write_units()
+
+    def _write_units(self) -> None:
         try:
             while True:
                 item = self._get(self.to_write)
@@ -299,7 +377,8 @@ class _Pipeline:
                     return
                 key, tensor, buffer = item
                 self.writer.append(key, tensor)
-                self.free_out.put(buffer)
+                if buffer is not None:
+                    self.free_out.put(buffer)
         except _Stopped:
             return
         except BaseException as error:  # noqa: BLE001 - handed to the calling thread

@@ -20,9 +20,10 @@ Policies (``MergeOptions``):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,10 +47,16 @@ class MergeOptions:
     the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds what the merge holds
     besides torch itself: read-ahead arenas get a quarter (one arena, no read-ahead, when a key's
     inputs are larger), the intermediates of one key half; above that they are spilled to a
-    temporary file next to the output.
+    temporary file next to the output (or in ``spill_dir``).
     ``nonfinite``: ``"error"`` or ``"warn"`` when an output tensor holds inf/NaN. ``search_dirs``:
     folders where relative model paths are looked up after the current folder. ``cache``: pass
-    the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``).
+    the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``), or a
+    ``MergeCache`` (merge/cache.py) to also reuse whole results of keys and sub-graphs, in a budget.
+
+    For callers that embed the engine (the ComfyUI nodes): ``resolve(path)`` replaces the path
+    lookup (returns a ``Path`` or a source object, merge/sources.py); ``check()`` runs between keys
+    and raises to stop the merge (everything is cleaned up as after Ctrl-C); ``on_progress(done,
+    total)`` reports output bytes done, in the calling thread.
     """
 
     dtype: str = "fp16"
@@ -66,7 +73,11 @@ class MergeOptions:
     prefetch: int = 1
     chunk_elements: int = 1 << 16
     search_dirs: tuple[Path, ...] = ()
-    cache: dict | None = field(default=None, compare=False)
+    cache: Any = field(default=None, compare=False)
+    resolve: Callable[[str], Any] | None = field(default=None, compare=False)
+    check: Callable[[], None] | None = field(default=None, compare=False)
+    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    spill_dir: Path | None = None
 
     CHOICES = {"dtype": tuple(OUT_DTYPES), "shape_policy": SHAPE_POLICIES, "missing_policy": MISSING_POLICIES,
                "nonfinite": NONFINITE_POLICIES}  # a class constant (no annotation): not a field
@@ -93,6 +104,7 @@ class MergeReport:
     nonfinite_origin: str = ""
     spilled_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    cached_keys: int = 0  # keys taken whole from a MergeCache (their inputs not read)
 
 
 @dataclass(frozen=True)
@@ -120,7 +132,7 @@ def plan(recipe: object, options: MergeOptions | None = None,
          search_dirs: tuple[Path, ...] = ()) -> PlanSummary:
     """Check a recipe against its files without writing anything (``validate`` in the CLI)."""
     options = options or MergeOptions(search_dirs=tuple(search_dirs))
-    graph = compile_recipe(recipe, options.search_dirs)
+    graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
     report = MergeReport(path=Path())
     with opened_sources(graph) as sources:
         plans = plan_keys(graph, sources, options, report)

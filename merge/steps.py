@@ -7,11 +7,17 @@ resolves per key (``check_maps`` resolves them against every planned key at plan
 recipe that validates merges). A param-space call given as a parameter
 (``alpha=train_difference_mask(a, b, c)``) is a ``Call`` in ``kwargs``, evaluated per key like a
 tensor input. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to bind.
+
+Model paths go through ``resolve`` when the caller gives one (``MergeOptions.resolve``: the ComfyUI
+nodes map folder names to files and graph models to ``MemorySource``s, merge/sources.py), else they are
+looked up in the current folder, then ``search_dirs``. ``Graph.key_id`` names what one key's result of a
+step depends on, for the cache (merge/cache.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +51,11 @@ class Call:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A model input: resolved path and the merge space it enters the recipe in."""
+    """A model input: resolved path (or an in-memory source) and the merge space it enters the recipe in."""
 
-    path: Path
+    path: Path | None
     space: str
+    source: Any = None  # a MemorySource (or any object with the source interface) instead of a file
 
 
 @dataclass
@@ -57,19 +64,33 @@ class Graph:
 
     root: Any
     sources: list[SourceSpec]
+    fingerprints: list = field(default_factory=list)
 
     def open_sources(self) -> list:
-        """Open every source lazily (headers only); LoRA files become delta-space sources."""
+        """Open every source lazily (headers only); LoRA files become delta-space sources mapped onto the
+        first weight source; every weight source must share one architecture."""
         from . import lora
 
-        files = mio.open_models(spec.path for spec in self.sources)
-        base = next((f for f in files if not f.arch.startswith("lora")), None)
-        opened = []
-        for spec, file in zip(self.sources, files, strict=True):
-            if file.arch.startswith("lora"):
-                opened.append(lora.LoraSource(file, base))
-            else:
-                opened.append(FileSource(file, spec.space))
+        opened: list = []
+        try:
+            for spec in self.sources:
+                if spec.source is not None:
+                    spec.source.space = spec.space
+                    opened.append(spec.source)
+                else:
+                    opened.append(mio.SafetensorsFile(spec.path))
+            weights = [s for s in opened if not s.arch.startswith("lora")]
+            mio.check_same_architecture([(s.path if hasattr(s, "path") else s.name, s.arch) for s in weights])
+            base = next((FileSource(s) if isinstance(s, mio.SafetensorsFile) else s for s in weights), None)
+            for i, (spec, item) in enumerate(zip(self.sources, opened, strict=True)):
+                if isinstance(item, mio.SafetensorsFile):
+                    opened[i] = lora.LoraSource(item, base) if item.arch.startswith("lora") \
+                        else FileSource(item, spec.space)
+        except BaseException:
+            for item in opened:
+                item.close()
+            raise
+        self.fingerprints = [s.fingerprint for s in opened]
         return opened
 
     def maps(self) -> list[tuple[str, Any]]:
@@ -90,6 +111,19 @@ class Graph:
         """A scalar for ``key``: numbers pass through, a map literal is resolved per block or key glob."""
         return value.scalar_for(arch, key) if isinstance(value, LiteralNode) else value
 
+    def key_id(self, step: Any, key: str, arch: str) -> tuple:
+        """What ``step``'s result for ``key`` depends on: the methods, their parameters resolved for this
+        key, and the inputs' fingerprints (set by ``open_sources``). Equal ids give equal results
+        under equal merge options (seed, policies), which the caller adds."""
+        if isinstance(step, Leaf):
+            return ("leaf", self.fingerprints[step.index], key)
+        if not isinstance(step, Call):
+            return ("value", step)
+        args = tuple(self.key_id(arg, key, arch) for arg in step.args)
+        params = tuple((name, self.key_id(v, key, arch) if isinstance(v, Call) else self.scalar(v, key, arch))
+                       for name, v in step.kwargs.items())
+        return (step.method.name, args, params)
+
 
 class FileSource:
     """A model file used as an input, in weight space unless the recipe says otherwise."""
@@ -97,7 +131,9 @@ class FileSource:
     def __init__(self, file: mio.SafetensorsFile, space: str = "weight") -> None:
         self.file, self.space, self.arch = file, space, file.arch
         self.name = file.path.name
+        self.path = file.path
         self._keys = {file.canonical(k): k for k in file.tensors}
+        self.fingerprint = file_fingerprint(file.path)
 
     def keys(self) -> list[str]:
         return list(self._keys)
@@ -117,35 +153,46 @@ class FileSource:
     def read_range(self, key: str, buffer, first: int, last: int):
         return self.file.read_range(self._keys[key], buffer, first, last)
 
+    def tensor(self, key: str):
+        """A fresh copy of ``key`` in its stored dtype."""
+        return self.file.read(self._keys[key])
+
     def close(self) -> None:
         self.file.close()
 
 
-def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict | None = None) -> Graph:
-    """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``.
+def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any = None,
+                   resolve: Callable[[str], Any] | None = None) -> Graph:
+    """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``,
+    or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``).
 
-    ``cache``: a dict the caller keeps between merges; each method call gets the per-key caches
-    stored under (method, its tensor inputs), so a call whose scalars changed (``rotate`` with a new
-    ``alpha``) finds the work of the previous merge. None: fresh caches for this merge.
+    ``cache``: a dict, or a ``MergeCache`` (merge/cache.py), the caller keeps between merges; each method
+    call gets the per-key caches stored under (method, its tensor inputs), so a call whose scalars
+    changed (``rotate`` with a new ``alpha``) finds the work of the previous merge. None: fresh caches.
     """
     sources: list[SourceSpec] = []
-    index: dict[Path, int] = {}
+    index: dict[Any, int] = {}
     memo: dict[int, Any] = {}
+
+    def leaf(node: ModelNode) -> Leaf:
+        target = resolve(node.path) if resolve is not None else resolve_path(Path(node.path), search_dirs)
+        ident = target if isinstance(target, Path) else ("source", target.fingerprint)
+        if ident not in index:
+            index[ident] = len(sources)
+            is_file = isinstance(target, Path)
+            sources.append(SourceSpec(target if is_file else None, node.space, None if is_file else target))
+        return Leaf(index[ident])
 
     def visit(node: Any) -> Any:
         if id(node) in memo:
             return memo[id(node)]
         if isinstance(node, ModelNode):
-            path = resolve_path(Path(os.fspath(node.path)), search_dirs)
-            if path not in index:
-                index[path] = len(sources)
-                sources.append(SourceSpec(path, node.space))
-            step: Any = Leaf(index[path])
+            step: Any = leaf(node)
         elif isinstance(node, CallNode):
             method = _method_of(node)
             step = Call(method, tuple(visit(a) for a in node.args), {k: visit(v) for k, v in node.kwargs})
             if cache is not None:
-                step.cache = cache.setdefault((node.method, node.args), {})
+                step.cache = _call_cache(cache, node, step, sources)
         elif isinstance(node, LiteralNode):
             step = node if node.is_map else node.value
         elif isinstance(node, (FreeInput, ParamNode)):
@@ -160,6 +207,37 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: dict 
     if not sources:
         raise RecipeError((), "the recipe has no model input; nothing to merge")
     return Graph(root, sources)
+
+
+def _call_cache(cache: Any, node: CallNode, step: Call, sources: list[SourceSpec]) -> Any:
+    """The method caches of one call site: keyed by the method and its tensor inputs, not its scalars."""
+    if isinstance(cache, dict):
+        return cache.setdefault((node.method, node.args), {})
+    return cache.method_store((node.method, _inputs_id(step.args, sources)))
+
+
+def _inputs_id(args: tuple, sources: list[SourceSpec]) -> tuple:
+    out = []
+    for arg in args:
+        if isinstance(arg, Leaf):
+            spec = sources[arg.index]
+            out.append(file_fingerprint(spec.path) if spec.source is None else spec.source.fingerprint)
+        elif isinstance(arg, Call):
+            params = tuple((k, v if not isinstance(v, Call) else _inputs_id((v,), sources))
+                           for k, v in arg.kwargs.items())
+            out.append((arg.method.name, _inputs_id(arg.args, sources), params))
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
+def file_fingerprint(path: Path | None) -> tuple:
+    """(path, size, mtime) of a file: a changed file gets a new fingerprint (merge/cache.py)."""
+    try:
+        stat = os.stat(path)
+    except (OSError, TypeError):
+        return ("file", str(path))
+    return ("file", str(path), stat.st_size, stat.st_mtime_ns)
 
 
 def _method_of(node: CallNode) -> registry.MergeMethod:
@@ -233,3 +311,18 @@ def recipe_text(recipe: Any, arch: str | None = None) -> str:
         return mecha_write.dumps(recipe, arch=arch)
     except Exception as error:  # noqa: BLE001 - metadata must never fail a finished merge
         return f"# not printable as .mecha ({error}): {recipe!r}"
+
+
+def models_arch(recipe: Any, search_dirs: tuple[Path, ...] = (), resolve: Callable[[str], Any] | None = None
+                ) -> str | None:
+    """The architecture of a recipe's weight inputs when they can be opened (headers only), else None;
+    printing block maps in sd-mecha's form needs it."""
+    try:
+        sources = compile_recipe(recipe, search_dirs, resolve=resolve).open_sources()
+    except (ValueError, OSError):
+        return None
+    try:
+        return next((s.arch for s in sources if s.space == "weight"), sources[0].arch)
+    finally:
+        for source in sources:
+            source.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +36,35 @@ class Evaluator:
     """Evaluates the compiled recipe for one key at a time (whole tensors or elementwise slices)."""
 
     def __init__(self, graph: Graph, shape_policy: str, spill: Spill | None = None, spill_limit: int = 0,
-                 sources: list | None = None) -> None:
+                 sources: list | None = None, cache: Any = None, salt: tuple = (),
+                 check: Callable[[], None] | None = None) -> None:
         self.graph, self.shape_policy, self.spill, self.spill_limit = graph, shape_policy, spill, spill_limit
         self.sources = sources or []
+        self.cache, self.salt, self.check = cache, salt, check  # MergeCache for intermediates; interrupt
         self._chunk_buffers: list[torch.Tensor] = []
 
     # -- whole tensors ----------------------------------------------------------------------------
 
     def evaluate(self, step: Any, leaves: list, ctx: KeyContext) -> Any:
-        """``step`` on whole tensors; ``leaves[i]`` is source i's fp32 tensor for this key, or None."""
+        """``step`` on whole tensors; ``leaves[i]`` is source i's fp32 tensor for this key, or None.
+
+        With a cache, the results of non-elementwise calls below the root (TIES, rotate, ...) are
+        kept and reused per key (the root's final result is cached by the pipeline)."""
         if isinstance(step, Leaf):
             return leaves[step.index]
         if not isinstance(step, Call):
             return step
+        if self.cache is None or step is self.graph.root or step.elementwise or str(ctx.device) != "cpu":
+            return self._evaluate_call(step, leaves, ctx)
+        ident = ("call", self.salt, self.graph.key_id(step, ctx.key, ctx.arch))
+        found = self.cache.get(ident)
+        if found is None:
+            found = self._evaluate_call(step, leaves, ctx)
+            if isinstance(found, torch.Tensor):
+                self.cache.put(ident, found)
+        return found
+
+    def _evaluate_call(self, step: Call, leaves: list, ctx: KeyContext) -> Any:
         args: list = []
         for arg in step.args:
             args.append(self.evaluate(arg, leaves, ctx))
@@ -62,8 +79,9 @@ class Evaluator:
             return tensors[0] if tensors else None
         if len(tensors) < len(args) and not step.method.accepts_missing:
             args = [fill_missing(step, i, a, tensors) for i, a in enumerate(args)]
-            if any(a is None for a in args):  # a weight input lacks the key: pass the first one through
-                return tensors[0] if tensors else None
+            if any(a is None for a in args):  # a weight input lacks the key: pass the first one through,
+                return next((a for i, a in enumerate(args)  # never a difference (it is no weight)
+                             if a is not None and step.method.input_space(i) != "delta"), None)
         shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) <= 1:
             return apply(step, args, scalars, call_ctx)
@@ -100,7 +118,9 @@ class Evaluator:
             self._chunk_buffers.append(torch.empty(chunk, dtype=torch.float32))
         flat = [0.0 if r is None else r.reshape(-1) for r in raw]  # None: a delta source without the key
         total = out.numel()
-        for start in range(0, total, chunk):
+        for number, start in enumerate(range(0, total, chunk)):
+            if self.check is not None and number % 64 == 63:
+                self.check()
             end = min(total, start + chunk)
             counter = iter(self._chunk_buffers)
             result = self._slice(root, flat, start, end, prepared, counter)

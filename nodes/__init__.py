@@ -5,9 +5,24 @@ Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_
 
 from __future__ import annotations
 
-from . import floats, hook_blocks, hook_keyframes, hook_lora, hook_preview, hook_regional, hooks, patcher
+from . import (
+    floats,
+    hook_blocks,
+    hook_keyframes,
+    hook_lora,
+    hook_preview,
+    hook_regional,
+    hooks,
+    merge_hook,
+    merge_inputs,
+    merge_methods,
+    merge_outputs,
+    merge_recipes,
+    patcher,
+)
 
-_MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, hook_preview, patcher)
+_MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, hook_preview, patcher,
+            merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_hook)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -8,6 +8,17 @@ CATEGORY = "Patchbay/schedule"
 _FLOATS_TIP = "A list of numbers, e.g. for Create Hook Keyframes From Floats (floats_strength)."
 
 
+def _validate_text(text: str | None, what: str) -> bool | str:
+    """A FLOATS text error at validation time, before anything runs (True when fine or linked)."""
+    if text is None:
+        return True
+    try:
+        floats.parse_floats(text, what=what)
+    except floats.FloatsError as error:
+        return str(error)
+    return True
+
+
 class PatchbayFloatsFromText:
     NODE_ID = "PatchbayFloatsFromText"
     DISPLAY_NAME = "FLOATS from Text (Patchbay)"
@@ -29,6 +40,10 @@ class PatchbayFloatsFromText:
                 }),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, text: str | None = None) -> bool | str:
+        return _validate_text(text, "FLOATS text")
 
     def make(self, text: str) -> tuple[list[float], int]:
         values = floats.parse_floats(text)
@@ -96,6 +111,10 @@ class PatchbayFloatsRepeat:
                 }),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, pattern: str | None = None) -> bool | str:
+        return _validate_text(pattern, "repeat pattern")
 
     def make(self, pattern: str, length: int, mode: str) -> tuple[list[float]]:
         return (floats.repeat(pattern, length, mode),)

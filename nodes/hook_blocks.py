@@ -18,10 +18,11 @@ _MODEL_PREFIX = "model."  # merge.blocks reads checkpoint keys (model.diffusion_
 
 
 def arch_of(model: ModelPatcher) -> str:
-    """sd15, sdxl or flux from the model's config class; an error naming it otherwise."""
-    config = type(model.model.model_config).__name__.lower()
-    for arch, names in (("sdxl", ("sdxl",)), ("flux", ("flux",)), ("sd15", ("sd15",))):
-        if any(n in config for n in names):
+    """sd15, sdxl or flux from the model's config class or the core class it derives from (KOALA_700M,
+    SSD1B and Segmind_Vega are SDXLs, FluxSchnell a Flux); an error naming it otherwise."""
+    lineage = [cls.__name__.lower() for cls in type(model.model.model_config).__mro__]
+    for arch in ("sdxl", "flux", "sd15"):
+        if any(arch in name for name in lineage):
             return arch
     raise block_weights.BlockWeightError(f"block weights know {', '.join(merge_blocks.ARCHS)}; this model is "
                                          f"{type(model.model.model_config).__name__}: pick arch by hand or "

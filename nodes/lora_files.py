@@ -5,7 +5,6 @@ The one place the hook nodes touch ``folder_paths`` and read files; hooks/ only 
 
 from __future__ import annotations
 
-import difflib
 from collections import OrderedDict
 from pathlib import PurePath
 
@@ -13,6 +12,8 @@ import comfy.hooks
 import comfy.sd
 import comfy.utils
 import folder_paths
+
+from ..merge.names import nearest, suggestion
 
 __all__ = ["NONE", "LoraFiles", "ReadsLoras", "UnknownFileError", "lora_names", "names", "resolve"]
 
@@ -45,8 +46,8 @@ def resolve(name: str, folder: str = "loras") -> tuple[str, str]:
     if stem in stems:
         found = stems[stem]
         return found, folder_paths.get_full_path_or_raise(folder, found)
-    near = difflib.get_close_matches(stem, list(stems), n=3, cutoff=0.4)
-    hint = f"did you mean {', '.join(repr(stems[n]) for n in near)}?" if near else \
+    near = nearest(stem, stems, cutoff=0.4)
+    hint = suggestion([stems[n] for n in near]) if near else \
         f"the {folder} folder holds {len(names)} file(s); put the file there or fix the name."
     raise UnknownFileError(f"no {folder[:-1] if folder.endswith('s') else folder} named {name!r}; {hint}")
 

@@ -5,8 +5,10 @@ Data flow::
     MODEL (any ModelPatcher, also another pack's subclass)
       --upgrade()--> a fresh clone whose class mixes PatchbayPatcherMixin into the input's class
                      (the input is never changed); attachments["patchbay"] = PatchbayState
-    clone(*args, **kwargs)  -> core's clone (it builds ``self.__class__``, so our class survives);
-                               core copies the attachment through PatchbayState.on_model_patcher_clone
+    clone(*args, **kwargs)  -> core's clone (it builds ``self.__class__``, so our class survives; a
+                               base class whose clone forces its own class, ComfyUI-GGUF's, gets ours
+                               mixed in again); core copies the attachment through
+                               PatchbayState.on_model_patcher_clone
     register_all_hook_patches -> each hook claimer in PatchbayState.claimers (set_hook_claimer: the
                                keyed slot where, say, a forward-pass engine registers itself) takes
                                the WeightHooks it runs; only the rest reach core's registration
@@ -59,6 +61,9 @@ class HookClaimer(Protocol):
         """Whether it claims hooks on ``patcher`` at all (if not, core needs a non-dynamic delegate)."""
 
 
+_FULL_LOAD_POSITION = 3  # ModelPatcher.load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+
+
 class PatchbayPatcherMixin:
     """Mixed into a ModelPatcher class: the Patchbay attachment, and the patch order around weight work.
 
@@ -66,7 +71,12 @@ class PatchbayPatcherMixin:
     """
 
     def clone(self, *args, **kwargs):
-        return super().clone(*args, **kwargs)
+        """Core's clone (through the input class's own); our class again where that one forces its own
+        (ComfyUI-GGUF's GGUFModelPatcher.clone sets GGUFModelPatcher on every clone it makes)."""
+        clone = super().clone(*args, **kwargs)
+        if not isinstance(clone, PatchbayPatcherMixin):
+            clone.__class__ = patchbay_class_for(type(clone))
+        return clone
 
     def add_wrapper_with_key(self, wrapper_type, key, wrapper, *args, **kwargs):
         """Core's method, then registry priorities re-applied (so they hold for other packs' keys too)."""
@@ -88,12 +98,18 @@ class PatchbayPatcherMixin:
             return nullcontext()
         return lifted_object_patches(self.model, self.object_patches_backup)
 
-    def load(self, device_to=None, lowvram_model_memory=0, force_patch_weights=False, full_load=False,
-             *args, **kwargs):
-        full_load = resolve_full_load(self.patchbay.order.full_load, full_load)
+    def load(self, *args, **kwargs):
+        """Core's load with the state's full_load applied; every argument passed on as the caller gave
+        it (positional or keyword: ComfyUI-GGUF's patcher sets ``force_patch_weights`` by keyword)."""
+        if len(args) > _FULL_LOAD_POSITION:
+            args = (*args[:_FULL_LOAD_POSITION],
+                    resolve_full_load(self.patchbay.order.full_load, args[_FULL_LOAD_POSITION]),
+                    *args[_FULL_LOAD_POSITION + 1:])
+        else:
+            kwargs["full_load"] = resolve_full_load(self.patchbay.order.full_load,
+                                                    kwargs.get("full_load", False))
         with self._own_modules():
-            return super().load(device_to, lowvram_model_memory, force_patch_weights, full_load,
-                                *args, **kwargs)
+            return super().load(*args, **kwargs)
 
     def partially_unload(self, *args, **kwargs):
         with self._own_modules():

@@ -96,12 +96,23 @@ def _selected_tiers() -> tuple[str, ...]:
     return named
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def pytest_collection_modifyitems(config, items):
     untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
     if untiered:
         raise pytest.UsageError(f"tests without a tier marker (t0..t3): {untiered}")
     selected = _selected_tiers()
     left_out = [item for item in items if not any(item.get_closest_marker(t) for t in selected)]
+    # Tests marked gpu (a tier marker too) need a CUDA device: where there is none they are deselected,
+    # like the tiers not asked for, so a CPU run shows no skip (`make test-gpu` runs them on a GPU).
+    gpu = [item for item in items if item.get_closest_marker("gpu") and item not in left_out]
+    if gpu and not _has_cuda():
+        left_out += gpu
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
@@ -150,15 +161,20 @@ def pytest_sessionfinish(session, exitstatus):
 def comfy_server(models):
     """ComfyUI in a subprocess with this pack loaded (devtools/comfy_server.py), shared by T2 and T3.
 
-    Images go to output/, the server log to output/logs/test-comfyui-<version>.log; the frontend
-    settings keep first-run popups out of the browser tests' way.
+    The real AnimateDiff-Evolved and Advanced-ControlNet are loaded next to it, as the vendor folder
+    pins them for this ComfyUI version (devtools/vendor_packs.py). Images go to output/, the server
+    log to output/logs/test-comfyui-<version>.log; the frontend settings keep first-run popups out of
+    the browser tests' way.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
+    from vendor_packs import ensure_packs
 
     output = devpaths.output_dir()
-    log = output / "logs" / f"test-comfyui-{devpaths.comfyui_version()}.log"
-    with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS) as server:
+    version = devpaths.comfyui_version()
+    log = output / "logs" / f"test-comfyui-{version}.log"
+    with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
+                     extra_packs=ensure_packs(version)) as server:
         yield server
 
 

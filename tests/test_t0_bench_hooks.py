@@ -1,4 +1,6 @@
-"""T0: the hooks benchmark's final JSON line (devtools/bench_hooks.py) has exactly issue 4's keys."""
+"""T0: the hooks benchmark (devtools/bench_hooks.py, bench_models.py, bench_memory.py): the final JSON
+line has exactly issues 4 and 18's keys, the options resolve to each arch's defaults, the memory
+arithmetic and the printed targets follow the arch. Nothing here is timed or imports ComfyUI."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import pytest
 
 pytestmark = pytest.mark.t0
 
-KEYS = {"patchbay_s", "core_s", "nohook_s", "loraloader_s", "patchbay_rss_mb_over_plain", "lora_files_mb"}
+KEYS = {"patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "patchbay_rss_mb_over_plain",
+        "lora_files_mb"}
+RUN = {"arch": "sd15-full", "device": "cpu", "steps": 10, "comfyui": "0.33.0", "memory": "peak_rss"}
 SCENARIOS = {"positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun"}
 
 
@@ -17,11 +21,13 @@ def test_json_line_has_the_required_keys_and_nulls_for_a_missing_contender():
 
     medians = {s: {"nohook": 1.0, "loraloader": 1.1, "core": 1.5, "patchbay": None} for s in SCENARIOS}
     medians["seed_rerun"].pop("core")  # a contender that did not run at all
+    medians["positive_lora"]["bypass"] = 1.23456  # ComfyUI 0.33's LoraLoaderBypass
     rss = {"positive_lora": {"patchbay": None}}
-    line = bench_hooks.json_line(medians, rss, {s: 2.0 for s in SCENARIOS})
+    line = bench_hooks.json_line(medians, rss, {s: 2.0 for s in SCENARIOS}, RUN)
     assert "\n" not in line
     data = json.loads(line)
-    assert set(data) == {"bench", "scenarios"} and data["bench"] == "hooks"
+    assert list(data) == ["bench", *RUN, "scenarios"] and data["bench"] == "hooks"
+    assert {key: data[key] for key in RUN} == RUN
     assert set(data["scenarios"]) == SCENARIOS
     for figures in data["scenarios"].values():
         assert set(figures) == KEYS
@@ -29,6 +35,10 @@ def test_json_line_has_the_required_keys_and_nulls_for_a_missing_contender():
         assert figures["lora_files_mb"] == 2.0
     assert data["scenarios"]["seed_rerun"]["core_s"] is None
     assert data["scenarios"]["positive_lora"]["core_s"] == 1.5
+    assert data["scenarios"]["positive_lora"]["bypass_s"] == 1.2346
+    assert data["scenarios"]["scheduled_lora"]["bypass_s"] is None
+    no_run = json.loads(bench_hooks.json_line(medians, rss, {}))  # what was measured where: null if unknown
+    assert all(no_run[key] is None for key in RUN)
 
 
 def test_paired_ratio_is_the_median_of_per_round_ratios():
@@ -67,3 +77,114 @@ def test_targets_print_only_the_scenarios_that_ran(capsys):
     assert "regional_two_loras   patchbay / plain 1.05 (paired 1.05)" in out
     assert "regional speed-up over core 1.33 (paired 1.33)" in out and "core / nohook = 1.40" in out
     assert "positive_lora" not in out and "seed_rerun" not in out
+
+
+def test_each_arch_resolves_to_its_defaults_and_quick_to_one_round_of_its_smallest_latent():
+    import bench_hooks
+
+    tiny = bench_hooks.parse_options([])
+    assert (tiny.setup.spec.name, tiny.setup.device, tiny.setup.steps) == ("tiny", "cpu", 10)
+    assert (tiny.rounds, tiny.sizes, tiny.json_side) == (5, (8, 16), 16)
+    assert set(tiny.scenarios) == SCENARIOS and tiny.contenders == bench_hooks.CONTENDERS
+    sd15 = bench_hooks.parse_options(["--arch", "sd15-full"])
+    assert (sd15.setup.steps, sd15.rounds, sd15.sizes, sd15.json_side) == (10, 5, (16,), 16)
+    assert "bypass" in sd15.contenders and set(sd15.scenarios) == SCENARIOS
+    sdxl = bench_hooks.parse_options(["--arch", "sdxl-full", "--device", "cuda"])
+    assert (sdxl.setup.device, sdxl.setup.steps, sdxl.sizes, sdxl.json_side) == ("cuda", 20, (128,), 128)
+    assert sdxl.scenarios == ("regional_two_loras",) and sdxl.contenders == ("nohook", "core", "patchbay")
+    # the CPU check of the GPU command: same code path, small latent, few steps
+    small = bench_hooks.parse_options(["--arch", "sdxl-full", "--sizes", "8", "--steps", "2", "--quick"])
+    assert (small.rounds, small.sizes, small.json_side, small.setup.steps) == (1, (8,), 8, 2)
+    assert bench_hooks.parse_options(["--quick"]).sizes == (8,)
+    # nohook, the baseline every ratio needs, is always run; the order is the benchmark's
+    picked = bench_hooks.parse_options(["--arch", "sd15-full", "--contenders", "patchbay,bypass"])
+    assert picked.contenders == ("nohook", "bypass", "patchbay")
+    assert bench_hooks.parse_options(["--arch", "sd15-full", "--quick"]).sizes == (16,)
+
+
+def test_bad_options_are_refused_naming_the_value(capsys):
+    import bench_hooks
+
+    bad = ((["--arch", "sd21"], "invalid choice: 'sd21'"), (["--steps", "0"], "--steps 0"),
+           (["--rounds", "-1"], "--rounds -1"), (["--device", "mps"], "invalid choice: 'mps'"),
+           (["--contenders", "core,lora"], "unknown contender(s) ['lora']; choose from nohook"))
+    for argv, message in bad:
+        with pytest.raises(SystemExit):
+            bench_hooks.parse_options(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_a_probe_process_gets_the_same_setup():
+    import bench_hooks
+
+    setup = bench_hooks.parse_options(["--arch", "sdxl-full", "--steps", "3", "--device", "cuda"]).setup
+    probe = bench_hooks.parse_options(["--probe", "seed_rerun", "core", "--side", "8", *setup.argv()])
+    assert probe.setup == setup and probe.probe == ["seed_rerun", "core"] and probe.side == 8
+
+
+def test_archs_name_known_scenarios_and_contenders_and_generate_into_the_ignored_cache():
+    import bench_hooks
+    import bench_models
+    import devpaths
+
+    for spec in bench_models.ARCHES.values():
+        assert set(spec.scenarios) <= SCENARIOS and spec.contenders[0] == "nohook"
+        assert {"core", "patchbay"} <= set(spec.contenders) <= set(bench_hooks.CONTENDERS)
+        assert len(set(spec.lora_files())) == 2
+        for path in bench_models.lora_paths(spec):
+            assert path.is_relative_to(devpaths.cache_dir())  # .cache/ is git-ignored: never in the repo
+    full = [s for s in bench_models.ARCHES.values() if s.model_class]
+    assert {s.name for s in full} == {"sd15-full", "sdxl-full", "sdxl-small"}
+    for spec in full:
+        assert bench_models.CACHE_TAG in spec.unet_file() and f"r{bench_models.RANK}" in spec.lora_files()[0]
+        assert bench_models.unet_path(spec).is_relative_to(devpaths.cache_dir())
+        assert spec.targets == bench_models.Targets(plain=1.05, regional=2.0, rerun=1.05, memory=1.2)
+    # the CPU check of the GPU command differs from it only in the UNet's size
+    small, xl = bench_models.ARCHES["sdxl-small"], bench_models.ARCHES["sdxl-full"]
+    assert (small.lora_names, small.prompts, small.scenarios, small.contenders) == (
+        xl.lora_names, xl.prompts, xl.scenarios, xl.contenders)
+
+
+def test_memory_over_plain_subtracts_the_scenarios_nohook_and_keeps_nulls():
+    import bench_memory
+
+    peaks = {("regional_two_loras", "nohook"): 100.0, ("regional_two_loras", "patchbay"): 112.5,
+             ("regional_two_loras", "core"): None, ("seed_rerun", "patchbay"): 50.0}
+    scenarios, contenders = ("regional_two_loras", "seed_rerun"), ("nohook", "core", "patchbay")
+    over = bench_memory.over_plain(peaks, scenarios, contenders)
+    assert over["regional_two_loras"] == {"nohook": 0.0, "core": None, "patchbay": 12.5}
+    assert over["seed_rerun"] == {"nohook": None, "core": None, "patchbay": None}  # no baseline, no figure
+    # CUDA: medians over rounds of the timed runs' peaks at the JSON side
+    timed = {("regional_two_loras", 128, "nohook"): [10.0, 30.0, 20.0],
+             ("regional_two_loras", 128, "patchbay"): [45.0, 50.0, 40.0],
+             ("regional_two_loras", 128, "core"): []}
+    over = bench_memory.in_process(timed, 128, ("regional_two_loras",), ("nohook", "core", "patchbay"))
+    assert over == {"regional_two_loras": {"nohook": 0.0, "core": None, "patchbay": 25.0}}
+
+
+def test_the_cpu_meter_sees_an_allocation_made_during_the_run():
+    import bench_memory
+
+    meter = bench_memory.RunMeter("cpu")
+    meter.start()
+    block = bytearray(64 * 2**20)  # touched pages: 64 MiB of RSS
+    meter.fence()
+    assert 60 < meter.peak_mb() < 64 + 48
+    del block
+    meter.start()  # the peak is reset: a run that allocates nothing has (almost) none
+    assert meter.peak_mb() < 16
+
+
+def test_targets_follow_the_arch_and_memory_is_read_against_the_lora_files(capsys):
+    import bench_hooks
+    import bench_models
+
+    times = {("seed_rerun", 16, c): [t] for c, t in
+             (("nohook", 1.0), ("loraloader", 1.0), ("core", 3.0), ("patchbay", 1.02))}
+    over = {"seed_rerun": {"patchbay": 31.2}}
+    bench_hooks.print_targets(times, 16, over, bench_models.ARCHES["sd15-full"].targets, {"seed_rerun": 26.0})
+    out = capsys.readouterr().out
+    assert "seed_rerun           patchbay / plain 1.02 (paired 1.02) (target <= 1.05)" in out
+    assert "seed_rerun patchbay / loraloader 1.02 (paired 1.02) (target <= 1.05)" in out
+    assert "peak over plain 31.20 MB = 1.20x LoRA files (target <= 1.2)" in out
+    assert "regional" not in out

@@ -105,6 +105,19 @@ def test_nodes_return_floats_lists(pack):
     assert easing_choices[0] == "linear"
 
 
+def test_text_errors_come_at_validation_time(pack):
+    """ComfyUI calls VALIDATE_INPUTS when a prompt is queued: a typo stops it before anything runs."""
+    from patchbay.nodes import floats as nodes
+
+    assert nodes.PatchbayFloatsFromText.VALIDATE_INPUTS("0, 0.25\n1  # end") is True
+    assert nodes.PatchbayFloatsFromText.VALIDATE_INPUTS(None) is True  # linked: checked when it runs
+    message = nodes.PatchbayFloatsFromText.VALIDATE_INPUTS("0, half, 1")
+    assert "FLOATS text" in message and "'half' at line 1, column 4" in message
+    assert "holds no number" in nodes.PatchbayFloatsFromText.VALIDATE_INPUTS("# nothing")
+    assert nodes.PatchbayFloatsRepeat.VALIDATE_INPUTS("1, 0") is True
+    assert "repeat pattern" in nodes.PatchbayFloatsRepeat.VALIDATE_INPUTS("1, x")
+
+
 def test_every_node_documents_itself(pack):
     from patchbay.nodes import floats as nodes
 

@@ -114,6 +114,25 @@ def test_checkpoints_sample_a_64px_image_and_differ(comfy, checkpoints, conditio
         assert relative_change(first, second) > 0.1
 
 
+def test_controlnet_loads_as_an_sd15_controlnet_and_moves_the_latent(comfy, models, checkpoints, conditioning,
+                                                                     base_one_step):
+    from comfy.cldm.cldm import ControlNet as ControlModel
+    from comfy.controlnet import ControlNet
+
+    path = models.controlnet["patchbay-sd15-tiny-controlnet"]
+    with root_log_records() as records:
+        control = comfy.nodes.ControlNetLoader().load_controlnet(path.name)[0]
+    assert type(control) is ControlNet and type(control.control_model) is ControlModel
+    assert not [r.getMessage() for r in records if r.levelno >= logging.WARNING]  # "missing controlnet keys"
+    hint = torch.linspace(0, 1, 64).repeat(1, 64, 3, 1).permute(0, 1, 3, 2)  # a left-to-right ramp, BHWC
+    positive, negative = comfy.nodes.ControlNetApplyAdvanced().apply_controlnet(*conditioning, control, hint,
+                                                                                1.0, 0.0, 1.0)
+    model = checkpoints["patchbay-sd15-tiny-a"][0]
+    latent = sample(comfy.nodes, model, positive, negative, steps=1)["samples"]
+    assert torch.isfinite(latent).all()
+    assert 0.05 < relative_change(latent, base_one_step) < 1.0, "the ControlNet should steer, not swamp"
+
+
 @pytest.mark.parametrize(
     "stem",
     ["patchbay-lora-r4", "patchbay-lora-r16", "patchbay-locon-r4", "patchbay-locon-r8",

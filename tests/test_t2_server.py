@@ -29,8 +29,14 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def declared_nodes() -> dict[str, str]:
-    """``{NODE_ID: DISPLAY_NAME}`` of every node class declared in nodes/*.py (read, not imported)."""
-    declared = {}
+    """``{NODE_ID: DISPLAY_NAME}`` of every node class declared in nodes/*.py (read, not imported), and
+    of one node per registered merge method (nodes/merge_methods.py generates those classes)."""
+    import build_merge_docs
+
+    from merge import registry
+
+    declared = {build_merge_docs.node_id(method.name): f"{method.name} (Patchbay merge)"
+                for method in registry.all_methods()}
     for path in sorted((devpaths.ROOT / "nodes").glob("*.py")):
         for cls in ast.walk(ast.parse(path.read_text())):
             if isinstance(cls, ast.ClassDef):
@@ -51,16 +57,8 @@ def test_every_pack_node_is_served(object_info):
         assert ours[node_id]["display_name"] == display_name
 
 
-def startup_log(comfy_server) -> str:
-    """The server log up to "Starting server": imports only, whatever later tests provoke. Lines as
-    ``plain_log`` gives them: 0.33's ``[INFO]`` tags and colour codes removed."""
-    log = comfy_server.log_text()
-    assert "Starting server" in log, f"no 'Starting server' line in {comfy_server.log_path}"
-    return log.split("Starting server", 1)[0]
-
-
 def test_server_log_has_no_import_failure_of_ours(comfy_server):
-    log = startup_log(comfy_server)
+    log = comfy_server.startup_log()  # plain_log's lines: 0.33's [INFO] tags removed
     known = KNOWN_IMPORT_FAILURES.get(devpaths.comfyui_version(), set())
     failed = set(re.findall(r"^IMPORT FAILED: (\S+)", log, re.MULTILINE))
     assert failed == known, f"import failures {sorted(failed)}, expected {sorted(known)}"
@@ -102,12 +100,23 @@ def test_bundled_workflow_runs_and_writes_images(comfy_server, object_info, fron
 
 
 def test_execution_error_carries_comfyui_message(comfy_server):
-    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "0, half, 1"}},
-              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
-    with pytest.raises(ExecutionError, match=r"node 1 \(PatchbayFloatsFromText\).*half"):
+    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "1, 0"}},
+              "2": {"class_type": "PatchbayHookKeyframesFromFloats",
+                    "inputs": {"floats": ["1", 0], "start_percent": 0.8, "end_percent": 0.2}},
+              "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
+    with pytest.raises(ExecutionError, match=r"node 2 \(PatchbayHookKeyframesFromFloats\).*swap them"):
         comfy_server.wait(comfy_server.queue(prompt), timeout=60)
     result = comfy_server.run(prompt, timeout=60)
-    assert not result.ok and "half" in result.error
+    assert not result.ok and "end_percent 0.2 is before start_percent 0.8" in result.error
+
+
+def test_floats_text_error_stops_the_prompt_before_it_runs(comfy_server):
+    """A typo in FLOATS text is refused when the prompt is queued (VALIDATE_INPUTS), naming the column."""
+    prompt = {"1": {"class_type": "PatchbayFloatsFromText", "inputs": {"text": "0, half, 1"}},
+              "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
+    with pytest.raises(ExecutionError, match=r"refused the prompt(.|\n)*node 1 \(PatchbayFloatsFromText\)"
+                                             r".*'half' at line 1, column 4"):
+        comfy_server.queue(prompt)
 
 
 def test_validation_error_names_node_and_input(comfy_server):

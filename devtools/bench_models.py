@@ -1,0 +1,313 @@
+"""Models for devtools/bench_hooks.py: the tiny checkpoint, or SD1.5- and SDXL-size UNets with rank-32 LoRAs.
+
+``--arch tiny`` (issue 4) samples the tiny SD1.5 checkpoint of devtools/tiny_models.py. ``--arch
+sd15-full`` and ``--arch sdxl-full`` (issue 18) sample real-width UNets, where core's weight swaps
+cost what they cost users: ComfyUI's own ``comfy.supported_models.SD15`` / ``SDXL`` classes with
+the UNet config ComfyUI's detection reports for a real SD1.5 / SDXL base checkpoint (859.5 M and
+2567 M parameters), random weights, stored in fp16. ``--arch sdxl-small`` is sdxl-full's code path
+on tiny_arch's 82 M SDXL-family UNet (KOALA-700M's layout): the CPU check of the GPU command.
+
+Data flow::
+
+    ARCHES[name] -> ensure_files(spec)   UNet and two LoRA files in <repo>/.cache/bench/ (git-ignored),
+                                         generated once in a child process (deterministic, temp file
+                                         + rename; the file names carry CACHE_TAG)
+                 -> load(spec, nodes)    BenchInputs: the MODEL from comfy.sd.load_diffusion_model
+                                         (what UNETLoader calls, here with fp16 weights on every
+                                         device), the four prompts, the two LoRA names
+
+Weights follow tiny_models' initialisation (uniform, fan-in std, norms 1, biases 0, every tensor
+from its own seeded stream). The LoRAs are kohya files at rank 32 (alpha 16) on every attention
+(to_q/k/v/out), feed-forward and proj_in/proj_out layer of the UNet, as sd-scripts names them:
+diffusers-style names for SD1.5 (``lora_unet_down_blocks_0_attentions_0_...``), LDM-style for SDXL
+(``lora_unet_input_blocks_4_1_...``); each moves every weight it patches by LORA_REL of its scale.
+
+Prompts: SD1.5 encodes text with the tiny checkpoint's CLIP-L, which is full size (77 x 768 tokens,
+as a real SD1.5 gives). SDXL's CLIP-G is too large to build here, so its conditioning is
+synthesized in the shapes the UNet takes (devtools/arch_sampling.make_cond), size keys for the image.
+
+CLI (what ensure_files runs): ``python devtools/bench_models.py --arch sd15-full``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import devpaths
+import tiny_arch
+
+if TYPE_CHECKING:
+    import torch
+    from comfy.model_patcher import ModelPatcher
+
+CACHE_TAG = "v1"  # bump when generation changes: cached files are found by name
+RANK = 32
+GENERATOR = "devtools/bench_models.py"
+TINY_CKPT = "patchbay-sd15-tiny-a.safetensors"
+TINY_LORAS = ("patchbay-lora-r4.safetensors", "patchbay-lora-r16.safetensors")
+PROMPTS = {"positive": "a knight in armor", "negative": "blurry", "left": "a red castle",
+           "right": "a green forest"}
+# kohya's default targets in a UNet transformer: attention, feed-forward and the proj_in/proj_out
+# around it (linears in SDXL, 1x1 convs in SD1.5), by the end of the weight's key.
+LORA_TARGETS = (".to_q.weight", ".to_k.weight", ".to_v.weight", ".to_out.0.weight", ".ff.net.0.proj.weight",
+                ".ff.net.2.weight", ".proj_in.weight", ".proj_out.weight")
+# The UNet configs comfy/model_detection.py reports for the real SD1.5 and SDXL base checkpoints.
+SD15_UNET = {
+    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+    "legacy": False, "adm_in_channels": None, "in_channels": 4, "model_channels": 320,
+    "num_res_blocks": [2, 2, 2, 2], "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0],
+    "channel_mult": [1, 2, 4, 4], "transformer_depth_middle": 1, "use_linear_in_transformer": False,
+    "context_dim": 768, "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0],
+    "use_temporal_resblock": False, "use_temporal_attention": False,
+}
+SDXL_UNET = {
+    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True,
+    "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4,
+    "model_channels": 320, "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
+    "channel_mult": [1, 2, 4], "transformer_depth_middle": 10, "use_linear_in_transformer": True,
+    "context_dim": 2048, "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+    "use_temporal_resblock": False, "use_temporal_attention": False,
+}
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Ratios a run is held to: Fast Hooks / plain, core / Fast Hooks (regional), seed re-run /
+    LoraLoader, peak memory over plain / LoRA files."""
+
+    plain: float
+    regional: float
+    rerun: float
+    memory: float = 1.2
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """One ``--arch``: what is generated and loaded, and the benchmark's defaults for it."""
+
+    name: str
+    title: str
+    model_class: str | None  # comfy.supported_models class name; None: the tiny checkpoint
+    unet: dict[str, Any] | None
+    lora_names: str  # "diffusers" or "ldm": how kohya names the UNet's modules for this model
+    sizes: tuple[int, ...]  # latent sides
+    steps: int
+    rounds: int
+    scenarios: tuple[str, ...]
+    contenders: tuple[str, ...]
+    targets: Targets
+    prompts: str = "clip"  # "clip": the tiny checkpoint's CLIP-L; "synthesized": random, SDXL shapes
+    expected_params: int = 0  # UNet parameters, checked when the model is built
+
+    def unet_file(self) -> str:
+        return f"patchbay-bench-{self.name}-{CACHE_TAG}.safetensors"
+
+    def lora_files(self) -> tuple[str, str]:
+        if self.model_class is None:
+            return TINY_LORAS
+        return tuple(f"patchbay-bench-{self.name}-lora-{v}-r{RANK}-{CACHE_TAG}.safetensors" for v in "ab")
+
+
+ALL_SCENARIOS = ("positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun")
+ALL_CONTENDERS = ("nohook", "loraloader", "bypass", "core", "patchbay")
+ISSUE_18 = Targets(plain=1.05, regional=2.0, rerun=1.05)
+ARCHES = {
+    "tiny": ArchSpec(
+        "tiny", "tiny SD1.5 checkpoint", model_class=None, unet=None, lora_names="diffusers", sizes=(8, 16),
+        steps=10, rounds=5, scenarios=ALL_SCENARIOS, contenders=ALL_CONTENDERS,
+        targets=Targets(plain=1.10, regional=1.5, rerun=1.10)),
+    "sd15-full": ArchSpec(
+        "sd15-full", "SD1.5-size UNet (859.5 M parameters, fp16), rank-32 LoRAs", model_class="SD15",
+        unet=SD15_UNET, lora_names="diffusers", sizes=(16,), steps=10, rounds=5, scenarios=ALL_SCENARIOS,
+        contenders=ALL_CONTENDERS, targets=ISSUE_18, expected_params=859_520_964),
+    # The sdxl-full code path at a size the CPU samples in seconds: tiny_arch's 82 M SDXL-family UNet
+    # (KOALA-700M's layout, model class SDXL), its own rank-32 LoRAs. For checking, not for figures.
+    "sdxl-small": ArchSpec(
+        "sdxl-small", "small SDXL-family UNet (82 M parameters, fp16), rank-32 LoRAs",
+        model_class="KOALA_700M", unet=tiny_arch.SDXL_UNET, lora_names="ldm", sizes=(16,), steps=20, rounds=3,
+        scenarios=("regional_two_loras",), contenders=("nohook", "core", "patchbay"), targets=ISSUE_18,
+        prompts="synthesized", expected_params=81_932_164),
+    "sdxl-full": ArchSpec(
+        "sdxl-full", "SDXL-size UNet (2567 M parameters, fp16), rank-32 LoRAs", model_class="SDXL",
+        unet=SDXL_UNET, lora_names="ldm", sizes=(128,), steps=20, rounds=3, scenarios=("regional_two_loras",),
+        contenders=("nohook", "core", "patchbay"), targets=ISSUE_18, prompts="synthesized",
+        expected_params=2_567_463_684),
+}
+
+
+def bench_dir() -> Path:
+    """Generated full-size models: ``diffusion_models/`` and ``loras/`` below it (git-ignored)."""
+    return devpaths.cache_dir() / "bench"
+
+
+def unet_path(spec: ArchSpec) -> Path:
+    return bench_dir() / "diffusion_models" / spec.unet_file()
+
+
+def lora_paths(spec: ArchSpec) -> list[Path]:
+    folder = devpaths.models_dir() if spec.model_class is None else bench_dir()
+    return [folder / "loras" / name for name in spec.lora_files()]
+
+
+# ---- generation (a child process: it imports ComfyUI in CPU mode) ----------------------------------
+
+
+def ensure_files(spec: ArchSpec) -> None:
+    """Generate ``spec``'s UNet and LoRA files unless the cache has them; the tiny models (whose CLIP-L
+    encodes the SD1.5 prompts) through tiny_models, where the prompts need them."""
+    import tiny_models
+
+    if spec.prompts == "clip":
+        tiny_models.ensure_models(devpaths.models_dir())
+    if spec.model_class is None or all(path.is_file() for path in (unet_path(spec), *lora_paths(spec))):
+        return
+    command = [sys.executable, __file__, "--arch", spec.name]
+    print(f"generating {spec.name} into {bench_dir()} (once; minutes)", file=sys.stderr)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    sys.stderr.write(result.stdout)
+
+
+def meta_model(spec: ArchSpec) -> torch.nn.Module:
+    """``spec``'s BaseModel on the meta device, checked to be what ComfyUI detects from its keys."""
+    import comfy.model_detection
+    import comfy.supported_models
+    import torch
+
+    config_class = getattr(comfy.supported_models, spec.model_class)
+    with torch.device("meta"):
+        model = config_class(dict(spec.unet)).get_model({}, device="meta")
+    layout = model.diffusion_model.state_dict()
+    detected = comfy.model_detection.model_config_from_unet(layout, "")
+    params = sum(t.numel() for t in layout.values())
+    if type(detected) is not config_class or params != spec.expected_params:
+        found = f"{type(detected).__name__} with {params} parameters"
+        raise RuntimeError(f"{spec.name}: ComfyUI detects {found}, not {spec.model_class} with "
+                           f"{spec.expected_params}: fix its UNet config.")
+    return model
+
+
+def kohya_targets(model: torch.nn.Module, style: str) -> dict[str, tuple[int, ...]]:
+    """kohya module name -> weight shape for every LORA_TARGETS weight, named the way comfy.lora maps
+    them: ``style`` "ldm" is the module path, "diffusers" the other name comfy.lora knows it by."""
+    import comfy.lora
+
+    shapes = {key: tuple(t.shape) for key, t in model.state_dict().items() if key.endswith(LORA_TARGETS)}
+    module = {key: key.removeprefix("diffusion_model.").removesuffix(".weight") for key in shapes}
+    ldm_names = {"lora_unet_" + module[key].replace(".", "_"): key for key in shapes}
+    if style == "ldm":
+        return {name: shapes[key] for name, key in sorted(ldm_names.items())}
+    mapped = comfy.lora.model_lora_keys_unet(model, {})
+    names = {name: key for name, key in mapped.items()
+             if key in shapes and name.startswith("lora_unet_") and name not in ldm_names}
+    if sorted(names.values()) != sorted(shapes):
+        raise RuntimeError(f"comfy.lora has {len(names)} diffusers-style names for {len(shapes)} weights")
+    return {name: shapes[key] for name, key in sorted(names.items())}
+
+
+def lora_tensors(targets: dict[str, tuple[int, ...]], stem: str) -> dict[str, torch.Tensor]:
+    """A kohya LoRA at RANK on ``targets``: each delta of std LORA_REL times its weight's std."""
+    import tiny_models
+    import torch
+    from tiny_weights import LoraSpec, lora_module
+
+    spec, out = LoraSpec(stem, "lora", RANK), {}
+    for name, shape in targets.items():
+        delta_std = tiny_models.LORA_REL * tiny_models.GAIN / math.sqrt(math.prod(shape[1:]))
+        out.update(lora_module(name, shape, spec, delta_std, f"{stem}/{name}"))
+        out[f"{name}.alpha"] = torch.tensor(spec.alpha, dtype=torch.float16)
+    return out
+
+
+def generate(spec: ArchSpec) -> None:
+    """Write ``spec``'s UNet and LoRAs (each skipped when present); ComfyUI is imported here in CPU mode."""
+    import tiny_models
+
+    start = time.perf_counter()
+    tiny_models.import_comfy_on_cpu()
+    model = meta_model(spec)
+    path = unet_path(spec)
+    if not path.is_file():
+        tensors = tiny_models.init_module(model.diffusion_model, "", f"{path.stem}/unet")
+        metadata = tiny_models.model_metadata(path.stem, spec.name, GENERATOR)
+        tiny_models.write_safetensors(path, tensors, metadata)
+        del tensors
+    targets = kohya_targets(model, spec.lora_names)
+    for lora in lora_paths(spec):
+        if not lora.is_file():
+            metadata = {**tiny_models.model_metadata(lora.stem, f"{spec.name}/lora", GENERATOR),
+                        "ss_network_module": "networks.lora", "ss_network_dim": str(RANK)}
+            tiny_models.write_safetensors(lora, lora_tensors(targets, lora.stem), metadata)
+    sizes = ", ".join(f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in (path, *lora_paths(spec)))
+    print(f"{spec.name}: {len(targets)} LoRA modules; {sizes} ({time.perf_counter() - start:.0f} s)")
+
+
+# ---- loading (ComfyUI already imported in-process by the benchmark) --------------------------------
+
+
+@dataclass(frozen=True)
+class BenchInputs:
+    """What every contender starts from: the plain MODEL, the CLIP that encoded the prompts (None when
+    they are synthesized), the prompts by PROMPTS' names, two LoRA names."""
+
+    model: ModelPatcher
+    clip: Any
+    prompts: dict[str, Any]
+    loras: tuple[str, str]
+
+
+def load(spec: ArchSpec, n: dict) -> BenchInputs:
+    """``spec``'s model and prompts through ComfyUI (``n``: node class mappings); files made first."""
+    import folder_paths
+
+    ensure_files(spec)
+    if spec.model_class is None:
+        model, clip, _vae = n["CheckpointLoaderSimple"]().load_checkpoint(TINY_CKPT)
+        return BenchInputs(model, clip, encode_prompts(n, clip), spec.lora_files())
+    for folder in ("diffusion_models", "loras"):
+        folder_paths.add_model_folder_path(folder, str(bench_dir() / folder))
+    if spec.prompts == "clip":  # the CLIP is let go: these LoRAs have no text-encoder keys to map
+        prompts = encode_prompts(n, n["CheckpointLoaderSimple"]().load_checkpoint(TINY_CKPT)[1])
+    else:
+        prompts = synthesized_prompts(spec)
+    return BenchInputs(load_unet(spec), None, prompts, spec.lora_files())
+
+
+def load_unet(spec: ArchSpec) -> ModelPatcher:
+    """What UNETLoader calls (``comfy.sd.load_diffusion_model``), with fp16 weights asked for on every
+    device: on the CPU ComfyUI would pick fp32 (and compute in fp32 either way)."""
+    import comfy.sd
+    import torch
+
+    return comfy.sd.load_diffusion_model(str(unet_path(spec)), model_options={"dtype": torch.float16})
+
+
+def encode_prompts(n: dict, clip) -> dict[str, Any]:
+    return {name: n["CLIPTextEncode"]().encode(clip, text)[0] for name, text in PROMPTS.items()}
+
+
+def synthesized_prompts(spec: ArchSpec) -> dict[str, Any]:
+    """SDXL-shaped conditioning (no CLIP-G here), one seed per prompt, size keys for the arch's image."""
+    import arch_sampling
+
+    side = 8 * spec.sizes[-1]
+    return {name: arch_sampling.make_cond("sdxl", seed, image_side=side) for seed, name in enumerate(PROMPTS)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", required=True, choices=[a for a, s in ARCHES.items() if s.model_class])
+    generate(ARCHES[parser.parse_args(argv).arch])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""ComfyUI-GGUF in the tests: the vendored pack unpacked and loaded into ComfyUI, the tiny GGUF models.
+
+The hook engine is tested on UNets that ComfyUI-GGUF's own ``UnetLoaderGGUF`` node loads, from the
+files devtools/tiny_gguf.py makes. The pack comes from ``ComfyUI-GGUF.tar.gz`` in the shared vendor
+folder (commit 795e451, sha256-pinned here), is unpacked once into the cache outside the clone
+(``$PATCHBAY_CACHE/vendor``, never into the repo) and is loaded by ComfyUI's own custom-node loader,
+as a user's ``custom_nodes/ComfyUI-GGUF`` is. It needs the ``gguf`` package (pinned in the lock files).
+Conditioning and sampling are devtools/arch_sampling.py's ("sd15" and "flux" conds)::
+
+    load_comfyui_gguf()                      # once per process, after ComfyUI is imported
+    model = shared_gguf("sd15", "Q4_K")      # a GGUFModelPatcher; clone it, never patch it
+    reference = dequantized_copy(model)      # core's layers, float32, the GGUF layers' weights
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import devpaths
+import tiny_gguf
+import torch
+
+if TYPE_CHECKING:
+    from comfy.model_patcher import ModelPatcher
+
+GGUF_ARCHIVE = "ComfyUI-GGUF.tar.gz"
+GGUF_SHA256 = "abe0f2c87fdfe2b96afba639687a19036639cd6abfa0ba2ff79a939a5fd1c14e"  # commit 795e451
+GGUF_PACK = "ComfyUI-GGUF"
+LOADER = "UnetLoaderGGUF"
+STEMS = {"sd15": "patchbay-sd15-tiny-a", "flux": "patchbay-flux-tiny"}
+QTYPES = tiny_gguf.QTYPES
+
+
+def unpack_comfyui_gguf() -> Path:
+    """The pack's folder in the cache, unpacked from the vendor archive on first use (temp + rename)."""
+    target = devpaths.env_cache_dir() / "vendor" / f"{GGUF_PACK}-{GGUF_SHA256[:12]}"
+    pack = target / GGUF_PACK
+    if (pack / "__init__.py").is_file():
+        return pack
+    archive = devpaths.vendor_dir() / GGUF_ARCHIVE
+    if not archive.is_file():
+        raise FileNotFoundError(f"{archive} is missing: set PATCHBAY_VENDOR to the shared vendor folder "
+                                f"that holds {GGUF_ARCHIVE}.")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != GGUF_SHA256:
+        raise RuntimeError(f"{archive} has sha256 {digest}, not {GGUF_SHA256}: it is not the ComfyUI-GGUF "
+                           "snapshot (795e451) the tests were written for.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    unpacked = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")
+        if not (unpacked / GGUF_PACK / "__init__.py").is_file():
+            raise RuntimeError(f"{archive} holds no {GGUF_PACK}/__init__.py")
+        try:
+            os.rename(unpacked, target)
+        except OSError:
+            if not (pack / "__init__.py").is_file():  # not a concurrent unpack that got there first
+                raise
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+    return pack
+
+
+def load_comfyui_gguf() -> None:
+    """Load ComfyUI-GGUF into the ComfyUI imported in this process (devtools/comfy_inprocess.py)."""
+    import nodes
+
+    if LOADER in nodes.NODE_CLASS_MAPPINGS:
+        return
+    pack = unpack_comfyui_gguf()
+    if not asyncio.run(nodes.load_custom_node(str(pack))) or LOADER not in nodes.NODE_CLASS_MAPPINGS:
+        raise RuntimeError(f"ComfyUI did not load {pack}; its log says why (is the gguf package installed?)")
+
+
+def gguf_name(arch: str, qtype: str) -> str:
+    """The file name UnetLoaderGGUF lists for the tiny ``arch`` model in ``qtype``."""
+    if arch not in STEMS or qtype not in QTYPES:
+        raise ValueError(f"no tiny GGUF model {arch!r} {qtype!r}: architectures {tuple(STEMS)}, "
+                         f"types {QTYPES}")
+    return Path(tiny_gguf.gguf_rel(STEMS[arch], qtype)).name
+
+
+def load_gguf(arch: str, qtype: str) -> ModelPatcher:
+    """The tiny ``arch`` model in ``qtype`` through ComfyUI-GGUF's UnetLoaderGGUF node."""
+    import nodes
+
+    return nodes.NODE_CLASS_MAPPINGS[LOADER]().load_unet(gguf_name(arch, qtype))[0]
+
+
+@functools.cache
+def shared_gguf(arch: str, qtype: str) -> ModelPatcher:
+    """One ``load_gguf`` per process, for tests that only clone it (never patch this patcher itself)."""
+    return load_gguf(arch, qtype)
+
+
+atexit.register(shared_gguf.cache_clear)  # while comfy is still importable: ModelPatcher.__del__ needs it
+
+
+def is_quantized(tensor: torch.Tensor) -> bool:
+    """A weight ComfyUI-GGUF keeps as GGML blocks (Q8_0, Q4_K ...), not as a float tensor."""
+    return not tensor.is_floating_point()
+
+
+def dequantized_state_dict(model: ModelPatcher) -> dict[str, torch.Tensor]:
+    """The diffusion model's weights as float32 tensors, dequantized by each GGUF layer's ``get_weight``:
+    the values its forward computes with (no LoRA patch is attached to a freshly loaded model)."""
+    out = {}
+    for name, module in model.model.diffusion_model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            key = f"{name}.{param_name}" if name else param_name
+            if is_quantized(param):
+                value = module.get_weight(param, torch.float32)
+            else:
+                value = param.as_subclass(torch.Tensor).to(torch.float32)
+            out[key] = value.as_subclass(torch.Tensor).detach().clone()
+    return out
+
+
+def dequantized_copy(model: ModelPatcher) -> ModelPatcher:
+    """A plain ComfyUI model of the same architecture (core's layers, float32 weights) holding the values
+    ``model``'s GGUF layers compute with: what core's own hook path can run, as a reference."""
+    import comfy.sd
+
+    return comfy.sd.load_diffusion_model_state_dict(dequantized_state_dict(model))

@@ -1,0 +1,182 @@
+"""Results of recipe sub-graphs per key, kept across merges in one process within a byte budget.
+
+A ``MergeCache`` passed as ``MergeOptions.cache`` lets a merge skip the work an earlier merge did:
+
+- ``get(key_id)`` / ``put(key_id, tensor)``: a key's result (a whole output tensor, or the fp32 result
+  of a non-elementwise call inside the recipe), identified by ``Graph.key_id`` (merge/steps.py): the
+  method, its inputs' ids, its parameters resolved for that key, the source fingerprints. Equal ids
+  mean equal values, so an entry is reused whatever recipe it came from.
+- ``method_store(owner)``: the per-key dicts methods keep in ``KeyContext.cache`` (rotate keeps its
+  decomposition there), for one call site identified by its inputs but not its parameters.
+
+Budget: entries are counted in bytes (tensors inside method dicts are measured by ``settle``, which
+the executor calls after each key). When an insert does not fit, entries from earlier runs go first,
+least recently used first; entries of the current run (``new_run``) are never evicted to make room
+for others, so a merge larger than the budget keeps its first keys instead of evicting each entry
+before it is read again. ``clear()`` empties it; ``set_budget(0)`` turns it off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CacheStats:
+    """Counts since the cache was made (hits and misses of ``get``) and what it holds now."""
+
+    entries: int = 0
+    bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class _Entry:
+    value: Any
+    nbytes: int
+    run: int
+
+
+@dataclass
+class MergeCache:
+    """See the module docstring. ``budget_mb`` 0 caches nothing."""
+
+    budget_mb: float = 4096.0
+    _entries: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+    _pending: set = field(default_factory=set, init=False, repr=False)
+    _run: int = field(default=0, init=False)
+    _lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
+    _stats: CacheStats = field(default_factory=CacheStats, init=False)
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(max(0.0, self.budget_mb) * 2**20)
+
+    def set_budget(self, budget_mb: float) -> None:
+        """A new budget; entries over it are evicted now (least recently used first)."""
+        with self._lock:
+            self.budget_mb = budget_mb
+            self._evict(0, keep_current=False)
+
+    def new_run(self) -> None:
+        """Start a merge: entries made from now on are this run's (see the module docstring)."""
+        with self._lock:
+            self._run += 1
+
+    def get(self, key: Hashable) -> torch.Tensor | None:
+        """The tensor stored under ``key`` (marked as used by this run), or None."""
+        with self._lock:
+            entry = self._entries.get(("result", key))
+            if entry is None:
+                self._stats.misses += 1
+                return None
+            self._entries.move_to_end(("result", key))
+            entry.run = self._run
+            self._stats.hits += 1
+            return entry.value
+
+    def put(self, key: Hashable, tensor: torch.Tensor) -> bool:
+        """Keep ``tensor`` (not copied: the caller hands it over) if it fits; returns whether it was kept."""
+        nbytes = tensor.numel() * tensor.element_size()
+        with self._lock:
+            slot = ("result", key)
+            if slot in self._entries:
+                self._drop(slot)
+            if not self._evict(nbytes, keep_current=True):
+                return False
+            self._entries[slot] = _Entry(tensor, nbytes, self._run)
+            self._stats.bytes += nbytes
+            return True
+
+    def method_store(self, owner: Hashable) -> MethodStore:
+        """The ``{key: dict}`` mapping one call site's ``KeyContext.cache`` dicts live in."""
+        return MethodStore(self, owner)
+
+    def _method_dict(self, owner: Hashable, key: str) -> dict:
+        with self._lock:
+            slot = ("method", owner, key)
+            entry = self._entries.get(slot)
+            if entry is None:
+                entry = self._entries[slot] = _Entry({}, 0, self._run)
+            else:
+                self._entries.move_to_end(slot)
+                entry.run = self._run
+            self._pending.add(slot)
+            return entry.value
+
+    def settle(self) -> None:
+        """Measure the method dicts used since the last call (dropping empty ones) and evict what no
+        longer fits."""
+        with self._lock:
+            fresh, self._pending = self._pending, set()
+            for slot in fresh:
+                entry = self._entries.get(slot)
+                if entry is not None and not entry.value:  # the method kept nothing for this key
+                    self._drop(slot)
+                elif entry is not None:
+                    size = _nbytes(entry.value)
+                    self._stats.bytes += size - entry.nbytes
+                    entry.nbytes = size
+            if not self._evict(0, keep_current=True):
+                for slot in fresh:  # over budget by this run's own method dicts: drop the newest
+                    if slot in self._entries and self._stats.bytes > self.budget_bytes:
+                        self._drop(slot)
+
+    def clear(self) -> None:
+        """Forget everything (method dicts in use stay valid objects, just no longer kept)."""
+        with self._lock:
+            self._entries.clear()
+            self._pending.clear()
+            self._stats.bytes = 0
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(len(self._entries), self._stats.bytes, self._stats.hits, self._stats.misses,
+                              self._stats.evictions)
+
+    def _evict(self, needed: int, keep_current: bool) -> bool:
+        """Evict until ``needed`` more bytes fit; False (nothing more evicted) when they cannot."""
+        budget = self.budget_bytes
+        if needed > budget:
+            return False
+        for slot in list(self._entries):
+            if self._stats.bytes + needed <= budget:
+                break
+            if keep_current and self._entries[slot].run == self._run:
+                continue
+            self._drop(slot)
+            self._stats.evictions += 1
+        return self._stats.bytes + needed <= budget
+
+    def _drop(self, slot: tuple) -> None:
+        entry = self._entries.pop(slot)
+        self._stats.bytes -= entry.nbytes
+        self._pending.discard(slot)
+
+
+class MethodStore:
+    """What ``Call.cache`` is when a ``MergeCache`` is in use: ``setdefault(key, {})`` as on a dict."""
+
+    def __init__(self, cache: MergeCache, owner: Hashable) -> None:
+        self.cache, self.owner = cache, owner
+
+    def setdefault(self, key: str, default: dict | None = None) -> dict:
+        return self.cache._method_dict(self.owner, key)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 64

@@ -1,0 +1,66 @@
+"""Recipe inputs that are not files: a model already in memory, read one key at a time.
+
+The executor reads every input through one small interface (what ``FileSource`` in merge/steps.py
+and ``LoraSource`` in merge/lora.py also offer)::
+
+    name, space, arch                  a label for messages, the merge space, the architecture
+    keys() / has(key) / info(key)      canonical checkpoint keys, TensorInfo (dtype name, shape)
+    tensor(key) -> torch.Tensor        that key's values (a fresh tensor; any float dtype)
+    fingerprint                        equal fingerprints mean equal contents (merge/cache.py)
+    close()
+
+A ``MemorySource`` gets its keys' infos up front and a ``fetch(key)`` callable for the values, so a
+caller can hand the engine a model that lives elsewhere (ComfyUI's MODEL with its patches applied key
+by key: nodes/merge_runtime.py) without the engine knowing where. A recipe names it by a path that
+``MergeOptions.resolve`` maps to the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from .io import DTYPE_NAMES, TensorInfo, detect_architecture
+
+
+def tensor_info(dtype: torch.dtype, shape: tuple[int, ...]) -> TensorInfo:
+    """The ``TensorInfo`` of an in-memory tensor (no file offsets: the span is its byte size)."""
+    size = dtype.itemsize
+    for n in shape:
+        size *= int(n)
+    return TensorInfo(DTYPE_NAMES[dtype], tuple(int(n) for n in shape), 0, size)
+
+
+class MemorySource:
+    """A model held elsewhere: ``infos`` lists its canonical keys, ``fetch(key)`` returns one tensor.
+
+    ``fingerprint`` must change whenever the values may have changed (the cache trusts it).
+    """
+
+    def __init__(self, name: str, infos: Mapping[str, TensorInfo], fetch: Callable[[str], torch.Tensor],
+                 fingerprint: str, space: str = "weight") -> None:
+        self.name, self.space, self.fingerprint = name, space, fingerprint
+        self._infos = dict(infos)
+        self._fetch = fetch
+        self.arch, _ = detect_architecture(self._infos)
+
+    def keys(self) -> list[str]:
+        return list(self._infos)
+
+    def has(self, key: str) -> bool:
+        return key in self._infos
+
+    def info(self, key: str) -> TensorInfo:
+        return self._infos[key]
+
+    def tensor(self, key: str) -> torch.Tensor:
+        value = self._fetch(key)
+        info = self._infos[key]
+        if tuple(value.shape) != info.shape:
+            raise ValueError(f"{self.name}: {key} came back with shape {list(value.shape)}, "
+                             f"announced {list(info.shape)}")
+        return value
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the caller."""

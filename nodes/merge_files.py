@@ -1,0 +1,154 @@
+"""Files the merge nodes read and write, all inside ComfyUI's folders (issue 16, item 7).
+
+A recipe names a model as ``<folder>/<name>`` (``checkpoints/a.safetensors``, ``diffusion_models/...``,
+``loras/...``) or, as sd-mecha recipes often do, by its bare name (looked up in checkpoints, then
+diffusion_models, then loras). ``model_file`` turns such a path into a file and refuses, with the fix:
+absolute paths, ``..``, other folders, files that are not safetensors, names ComfyUI does not list,
+and files whose real path (symlinks resolved) lies outside that folder kind's configured folders.
+So a workflow someone shares cannot make the nodes read or write anything else.
+
+Outputs: ``output_file`` (Save: under the output folder) and ``lora_file`` (Extract: the first loras
+folder) take a relative name, refuse ``..`` and absolute paths, and pick the name by ``if_exists``.
+Recipes: ``.mecha`` files in the ``recipes`` folder (``models/recipes``, registered here).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import folder_paths
+
+from . import lora_files
+
+FOLDERS = {"checkpoints": "checkpoints", "diffusion_models": "diffusion_models", "unet": "diffusion_models",
+           "loras": "loras"}
+SEARCH_ORDER = ("checkpoints", "diffusion_models", "loras")
+MODEL_EXTENSIONS = (".safetensors", ".sft")
+RECIPES = "recipes"
+IF_EXISTS = ("number", "error", "overwrite")
+
+
+class MergePathError(ValueError):
+    """A path a merge node will not read or write; the message names it and says what to write instead."""
+
+
+def register_recipes_folder() -> None:
+    """``models/recipes`` (``.mecha`` files) as a folder_paths folder, unless configured already."""
+    if RECIPES not in folder_paths.folder_names_and_paths:
+        folder_paths.folder_names_and_paths[RECIPES] = ([os.path.join(folder_paths.models_dir, RECIPES)],
+                                                        {".mecha"})
+    else:
+        folder_paths.folder_names_and_paths[RECIPES][1].add(".mecha")
+
+
+def model_path(folder: str, name: str) -> str:
+    """The path a recipe stores for file ``name`` of ComfyUI folder ``folder``: ``folder/name``."""
+    return f"{folder}/{name.replace(os.sep, '/')}"
+
+
+def relative_parts(path: str, what: str) -> list[str]:
+    """The ``/``-separated parts of a relative ``path``; absolute paths and ``..`` are refused."""
+    text = path.strip().replace("\\", "/")
+    if (not text or PurePosixPath(text).is_absolute() or PureWindowsPath(path.strip()).is_absolute()
+            or re.match(r"^[A-Za-z]:", text) or text.startswith("~")):
+        raise MergePathError(f"{what} {path!r}: absolute paths are not allowed in a graph (a shared workflow "
+                             f"could read any file); name the file inside ComfyUI's folders, e.g. "
+                             f"checkpoints/{PurePosixPath(text).name or 'model.safetensors'}")
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise MergePathError(f"{what} {path!r}: '..' is not allowed; name the file inside its folder, "
+                             f"e.g. checkpoints/{parts[-1]}")
+    return parts
+
+
+def model_file(path: str) -> Path:
+    """The checked file a recipe's model ``path`` names (see the module docstring)."""
+    parts = relative_parts(path, "model")
+    if parts[0] in FOLDERS and len(parts) > 1:
+        return _checked(FOLDERS[parts[0]], "/".join(parts[1:]), path)
+    name = "/".join(parts)
+    for folder in SEARCH_ORDER:
+        if name in lora_files.names(folder):
+            return _checked(folder, name, path)
+    try:  # a near miss gets lora_files' did-you-mean for the checkpoints folder
+        lora_files.resolve(name, "checkpoints")
+    except lora_files.UnknownFileError as error:
+        raise MergePathError(f"model {path!r}: not in {', '.join(SEARCH_ORDER)} ({error}); write "
+                             f"<folder>/<name>, e.g. checkpoints/{parts[-1]}") from None
+    return _checked("checkpoints", name, path)
+
+
+def _checked(folder: str, name: str, path: str) -> Path:
+    if not name.lower().endswith(MODEL_EXTENSIONS):
+        raise MergePathError(f"model {path!r}: only .safetensors files are read (loading a pickle .ckpt/.pt "
+                             f"can run code); convert it once where you trust it, or use its .safetensors "
+                             f"release")
+    try:
+        found, full = lora_files.resolve(name, folder)
+    except lora_files.UnknownFileError as error:
+        raise MergePathError(f"model {path!r}: {error}") from None
+    if not found.lower().endswith(MODEL_EXTENSIONS):
+        raise MergePathError(f"model {path!r} is {found}: only .safetensors files are read; convert it")
+    return inside(Path(full), folder_paths.get_folder_paths(folder), f"model {path!r}", folder)
+
+
+def inside(file: Path, roots: list[str], what: str, folder: str) -> Path:
+    """``file`` with symlinks resolved, if that lies inside one of ``roots`` (resolved too)."""
+    real = Path(os.path.realpath(file))
+    for root in roots:
+        top = Path(os.path.realpath(root))
+        if real == top or top in real.parents:
+            return real
+    raise MergePathError(f"{what}: {file} leads to {real}, outside the {folder} folders "
+                         f"({', '.join(roots)}); move the file there, or add its folder to "
+                         f"extra_model_paths.yaml")
+
+
+def output_file(filename: str, if_exists: str) -> Path:
+    """Where Save writes ``filename`` (``.safetensors`` added) under ComfyUI's output folder."""
+    return _target(filename, folder_paths.get_output_directory(), "output", if_exists)
+
+
+def lora_file(filename: str, if_exists: str) -> Path:
+    """Where Extract LoRA writes ``filename`` (``.safetensors`` added): the first loras folder."""
+    return _target(filename, folder_paths.get_folder_paths("loras")[0], "loras", if_exists)
+
+
+def _target(filename: str, root: str, folder: str, if_exists: str) -> Path:
+    if if_exists not in IF_EXISTS:
+        raise MergePathError(f"if_exists {if_exists!r}: choose one of {', '.join(IF_EXISTS)}")
+    parts = relative_parts(filename, "file name")
+    if not parts[-1].lower().endswith(".safetensors"):
+        parts[-1] += ".safetensors"
+    target = Path(root, *parts)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    inside(target.parent, [root], f"file name {filename!r}", folder)
+    if target.exists() and if_exists == "number":
+        stem = target.name.removesuffix(".safetensors")
+        target = next(target.with_name(f"{stem}_{n:05}.safetensors") for n in range(1, 10**6)
+                      if not target.with_name(f"{stem}_{n:05}.safetensors").exists())
+    elif target.exists() and if_exists == "error":
+        raise MergePathError(f"{target} exists; pick another file name, or set if_exists to 'number' (a new "
+                             f"numbered name) or 'overwrite'")
+    return target
+
+
+def recipe_names() -> list[str]:
+    return lora_files.names(RECIPES)
+
+
+def recipe_text(name: str) -> str:
+    """The text of recipe file ``name`` of the recipes folder (UTF-8; a binary file is refused by name)."""
+    relative_parts(name, "recipe file")
+    try:
+        _, full = lora_files.resolve(name, RECIPES)
+    except lora_files.UnknownFileError as error:
+        raise MergePathError(f"recipe file {name!r}: {error}") from None
+    real = inside(Path(full), folder_paths.get_folder_paths(RECIPES), f"recipe file {name!r}", RECIPES)
+    try:
+        return real.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise MergePathError(f"recipe file {name!r} ({real}): not a text file (byte {error.start} is not "
+                             f"UTF-8); a recipe is .mecha text starting with 'version 0.1.0'") from None

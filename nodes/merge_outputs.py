@@ -1,0 +1,175 @@
+"""Where a recipe goes: Merge (MODEL, CLIP, VAE in the graph, no file), Save Merge (a checkpoint in the
+output folder), Extract LoRA (a LoRA in the loras folder), and Clear Merge Cache. The work is in
+nodes/merge_runtime.py; docs/design-merge-nodes.md has the data flow."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..merge.io import OUT_DTYPES
+from ..merge.plan import MISSING_POLICIES, SHAPE_POLICIES
+from . import merge_files, merge_runtime
+
+if TYPE_CHECKING:
+    from comfy.model_patcher import ModelPatcher
+    from comfy.sd import CLIP
+
+RECIPE = "PATCHBAY_RECIPE"
+CATEGORY = "Patchbay/merge"
+_COMMON = {
+    "merge_seed": ("INT", {"default": 0, "min": 0, "max": 2**32 - 1,
+                           "tooltip": "Seed of the random methods (dropout, DARE, randomised SVD); the same "
+                                      "seed gives the same merge."}),
+    "cache_mb": ("INT", {"default": 4096, "min": 0, "max": 1 << 20, "step": 256,
+                         "tooltip": "Memory for merge results kept across runs (a changed parameter "
+                                    "recomputes only what depends on it); 0 = no cache (and empty it)."}),
+    "shape_policy": (list(SHAPE_POLICIES), {"tooltip": "Inputs of different shapes (inpainting conv_in): "
+                                                       "merge the overlap, keep the first, or stop."}),
+    "missing_policy": (list(MISSING_POLICIES), {"tooltip": "Keys some inputs lack: take the first that "
+                                                           "has them, leave them out, or stop."}),
+}
+_IF_EXISTS = (list(merge_files.IF_EXISTS), {"tooltip": "When the file exists: number (a new name with "
+                                                       "_00001, ...), error, or overwrite."})
+
+
+def _fields(merge_seed: int, cache_mb: int, shape_policy: str, missing_policy: str) -> dict[str, Any]:
+    return {"seed": merge_seed, "cache_mb": cache_mb, "shape_policy": shape_policy,
+            "missing_policy": missing_policy}
+
+
+class PatchbayMerge:
+    NODE_ID = "PatchbayMerge"
+    DISPLAY_NAME = "Merge (Patchbay)"
+    DESCRIPTION = ("Runs a recipe into a MODEL, CLIP and VAE for this graph, key by key (about one model in "
+                   "memory, no file written); unchanged results come from the merge cache.")
+    FUNCTION = "merge"
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL", "CLIP", "VAE")
+    RETURN_NAMES = ("model", "clip", "vae")
+    OUTPUT_TOOLTIPS = ("The merged diffusion model.", "The merged text encoder (None when no input has one).",
+                       "The merged VAE (None when no input has one).")
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        tip = "The recipe to run (a method node, recipe text)."
+        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON}}
+
+    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = 4096, shape_policy: str = "overlap",
+              missing_policy: str = "first") -> tuple:
+        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy)
+        return merge_runtime.merge_models(recipe, **fields)
+
+
+class PatchbayMergeSave:
+    NODE_ID = "PatchbayMergeSave"
+    DISPLAY_NAME = "Save Merge (Patchbay)"
+    DESCRIPTION = ("Streams a recipe into a .safetensors checkpoint in the output folder, key by key (never "
+                   "the whole model in memory), recipe in its metadata; the same bytes as the command line.")
+    FUNCTION = "save"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("path",)
+    OUTPUT_TOOLTIPS = ("The full path of the file written.",)
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {"required": {
+            "recipe": (RECIPE, {"tooltip": "The recipe to run."}),
+            "filename": ("STRING", {"default": "checkpoints/patchbay-merge",
+                                    "tooltip": "Name under the output folder (subfolders allowed; "
+                                               ".safetensors added)."}),
+            "if_exists": _IF_EXISTS,
+            "dtype": (list(OUT_DTYPES), {"tooltip": "Float type of the saved weights."}),
+            **_COMMON,
+        }}
+
+    def save(self, recipe: Any, filename: str, if_exists: str = "number", dtype: str = "fp16",
+             merge_seed: int = 0, cache_mb: int = 4096, shape_policy: str = "overlap",
+             missing_policy: str = "first") -> dict:
+        path, report = merge_runtime.save_merge(recipe, filename, if_exists, dtype=dtype,
+                                                **_fields(merge_seed, cache_mb, shape_policy, missing_policy))
+        text = f"{path.name}: {report.keys} keys, {report.bytes_written / 2**20:.1f} MiB, {report.arch}"
+        return {"ui": {"text": [text, *report.warnings]}, "result": (str(path),)}
+
+
+class PatchbayMergeExtractLora:
+    NODE_ID = "PatchbayMergeExtractLora"
+    DISPLAY_NAME = "Extract LoRA from Merge (Patchbay)"
+    DESCRIPTION = ("Decomposes a delta recipe (e.g. subtract(tuned, base)) into a kohya LoRA in the loras "
+                   "folder (LoraLoader lists it at the next queue); optionally applies it to a MODEL/CLIP.")
+    FUNCTION = "extract"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+    RETURN_TYPES = ("MODEL", "CLIP", "STRING")
+    RETURN_NAMES = ("model", "clip", "lora_name")
+    OUTPUT_TOOLTIPS = ("The model input with the LoRA applied (None without one).",
+                       "The CLIP input with the LoRA applied (None without one).",
+                       "The LoRA's name in the loras list.")
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        strength = {"default": 1.0, "min": -20.0, "max": 20.0, "step": 0.01}
+        return {
+            "required": {
+                "recipe": (RECIPE, {"tooltip": "A delta recipe: subtract(tuned, base), a LoRA delta, TIES."}),
+                "filename": ("STRING", {"default": "patchbay-extracted",
+                                        "tooltip": "Name in the loras folder (.safetensors added)."}),
+                "if_exists": _IF_EXISTS,
+                "size_by": (["rank", "energy"], {"tooltip": "A fixed rank per module, or the smallest rank "
+                                                            "that keeps `energy` of each delta."}),
+                "rank": ("INT", {"default": 32, "min": 1, "max": 4096, "tooltip": "Rank (size_by rank)."}),
+                "energy": ("FLOAT", {"default": 0.9, "min": 0.01, "max": 1.0, "step": 0.01,
+                                     "tooltip": "Share of each delta's squared singular values kept (size_by "
+                                                "energy)."}),
+                "conv_rank": ("INT", {"default": 0, "min": 0, "max": 4096,
+                                      "tooltip": "Rank of 3x3 convolutions; 0 = the same as rank."}),
+                "dtype": (list(OUT_DTYPES), {"tooltip": "Float type of the LoRA."}),
+            },
+            "optional": {
+                "model": ("MODEL", {"tooltip": "Optional: returned with the LoRA applied (as LoraLoader)."}),
+                "clip": ("CLIP", {"tooltip": "Optional: returned with the LoRA applied (as LoraLoader)."}),
+                "strength_model": ("FLOAT", {**strength, "tooltip": "LoRA strength on the model."}),
+                "strength_clip": ("FLOAT", {**strength, "tooltip": "LoRA strength on the CLIP."}),
+            },
+        }
+
+    def extract(self, recipe: Any, filename: str, if_exists: str = "number", size_by: str = "rank",
+                rank: int = 32, energy: float = 0.9, conv_rank: int = 0, dtype: str = "fp16",
+                model: ModelPatcher | None = None, clip: CLIP | None = None, strength_model: float = 1.0,
+                strength_clip: float = 1.0) -> dict:
+        size = {"rank": rank, "energy": None} if size_by == "rank" else {"rank": None, "energy": energy}
+        name, report = merge_runtime.extract(recipe, filename, if_exists, conv_rank=conv_rank or None,
+                                             dtype=dtype, **size)
+        if model is not None or clip is not None:
+            model, clip = merge_runtime.apply_lora(model, clip, name, strength_model, strength_clip)
+        text = f"{name}: {report.modules} modules, mean relative error {report.mean_error:.4f}"
+        return {"ui": {"text": [text]}, "result": (model, clip, name)}
+
+
+class PatchbayMergeCacheClear:
+    NODE_ID = "PatchbayMergeCacheClear"
+    DISPLAY_NAME = "Clear Merge Cache (Patchbay)"
+    DESCRIPTION = ("Empties the merge cache (results kept across runs by Merge and Save Merge); runs every "
+                   "queue.")
+    FUNCTION = "clear"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+    RETURN_TYPES = ()
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {"required": {}}
+
+    @classmethod
+    def IS_CHANGED(cls) -> float:
+        return float("nan")  # never equal to itself: ComfyUI runs it every time
+
+    def clear(self) -> dict:
+        before = merge_runtime.CACHE.stats()
+        merge_runtime.CACHE.clear()
+        text = f"merge cache cleared: {before.entries} entries, {before.bytes / 2**20:.1f} MiB"
+        return {"ui": {"text": [text]}}
+
+
+NODES = [PatchbayMerge, PatchbayMergeSave, PatchbayMergeExtractLora, PatchbayMergeCacheClear]

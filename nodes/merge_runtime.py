@@ -1,0 +1,205 @@
+"""The merge engine inside ComfyUI: options, the shared cache, and a recipe built into MODEL, CLIP, VAE.
+
+- ``resolve(path)``: every model path of a recipe, through merge_files (folders, security) or
+  merge_graph (MODELs of the graph).
+- ``merge_options`` / ``extract_options``: the engine's options with ComfyUI's interrupt
+  (``throw_exception_if_processing_interrupted``, checked between keys and inside long keys), its
+  progress bar and the process-wide ``CACHE`` (merge/cache.py; ``cache_mb`` sets its budget).
+- ``build_models(session)``: the Merge node's data flow (docs/design-merge-nodes.md): keys outside the
+  diffusion model stream into a dict; ComfyUI's own loader builds MODEL, CLIP and VAE from it plus a
+  stride-0 placeholder per diffusion-model weight (no memory); then every diffusion-model weight
+  streams straight into its parameter. Peak memory: one model, the small text encoders/VAE twice
+  while they load, and the engine's bounded buffers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import comfy.model_management
+import comfy.sd
+import comfy.utils
+import folder_paths
+import torch
+
+from ..merge.cache import MergeCache
+from ..merge.extract import ExtractOptions
+from ..merge.plan import MergeOptions
+from ..merge.sources import MemorySource
+from . import merge_files, merge_graph
+
+if TYPE_CHECKING:
+    from ..merge.session import MergeSession
+
+UNET = "model.diffusion_model."
+CACHE = MergeCache(budget_mb=4096)
+
+
+class MergeBuildError(ValueError):
+    """ComfyUI's loader laid the merged model out in a way the Merge node cannot fill in place."""
+
+
+def resolve(path: str) -> Path | MemorySource:
+    """A recipe's model ``path`` -> a checked file, or the graph MODEL it names."""
+    if merge_graph.is_graph_path(path):
+        return merge_graph.graph_source(path)
+    return merge_files.model_file(path)
+
+
+def use_cache(cache_mb: float) -> MergeCache | None:
+    """The shared cache with budget ``cache_mb`` (0: emptied and not used)."""
+    CACHE.set_budget(max(0.0, cache_mb))
+    return CACHE if cache_mb > 0 else None
+
+
+def _progress() -> Any:
+    bar = comfy.utils.ProgressBar(100)
+    return lambda done, total: bar.update_absolute(done, max(total, 1))
+
+
+def merge_options(*, cache_mb: float = 0, **fields: Any) -> MergeOptions:
+    """``MergeOptions`` for a node: resolver, interrupt, progress bar, cache; other ``fields`` as given.
+    Intermediates over the memory budget spill into ComfyUI's temp folder (made if missing: ComfyUI
+    removes it at startup)."""
+    spill = Path(folder_paths.get_temp_directory())
+    spill.mkdir(parents=True, exist_ok=True)
+    return MergeOptions(progress=False, resolve=resolve, cache=use_cache(cache_mb),
+                        check=comfy.model_management.throw_exception_if_processing_interrupted,
+                        on_progress=_progress(), spill_dir=spill, **fields)
+
+
+def extract_options(**fields: Any) -> ExtractOptions:
+    interrupt = comfy.model_management.throw_exception_if_processing_interrupted
+    return ExtractOptions(resolve=resolve, check=interrupt, on_progress=_progress(), **fields)
+
+
+class _DictSink:
+    """Keys outside the diffusion model, copied (the pipeline reuses its buffers)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def append(self, key: str, tensor: torch.Tensor) -> None:
+        self.tensors[key] = tensor.clone()
+
+
+class _ParamSink:
+    """Diffusion-model weights copied into the parameters ComfyUI allocated (cast to their dtype)."""
+
+    def __init__(self, targets: dict[str, torch.Tensor]) -> None:
+        self.targets = targets
+
+    def append(self, key: str, tensor: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.targets[key].copy_(tensor)
+
+
+def build_models(session: MergeSession) -> tuple[Any, Any, Any]:
+    """(MODEL, CLIP or None, VAE or None) holding the merged weights (see the module docstring)."""
+    spill = session.options.spill_dir
+    in_place = [p for p in session.plans if p.key.startswith(UNET) and p.passthrough is None]
+    rest = [replace(p, dtype=session.source_dtype(p.key)) for p in session.plans
+            if not (p.key.startswith(UNET) and p.passthrough is None)]  # as loading the first input gives
+    sink = _DictSink()
+    session.stream(sink, rest, spill)
+    state = sink.tensors
+    for plan in in_place:  # a stride-0 zero of the right shape: ComfyUI copies it, it costs nothing
+        state[plan.key] = torch.zeros((), dtype=session.source_dtype(plan.key)).expand(plan.shape)
+    model, clip, vae = _load(state, diffusion_only=all(key.startswith(UNET) for key in state))
+    del state
+    session.stream(_ParamSink(_targets(model, in_place)), in_place, spill)
+    return model, clip, vae
+
+
+def _load(state: dict, diffusion_only: bool) -> tuple[Any, Any, Any]:
+    if diffusion_only:
+        loader = comfy.sd.load_diffusion_model_state_dict
+        model = loader(state, **_no_dynamic(loader))
+        return model, None, None
+    loader = comfy.sd.load_state_dict_guess_config
+    out = loader(state, output_vae=True, output_clip=True,
+                 embedding_directory=folder_paths.get_folder_paths("embeddings"), **_no_dynamic(loader))
+    if out is None or out[0] is None:
+        raise MergeBuildError("ComfyUI did not recognise the merged model's architecture; save the merge "
+                              "with Save Merge and load the file instead")
+    return out[0], out[1], out[2]
+
+
+def _no_dynamic(loader: Any) -> dict:
+    """``disable_dynamic=True`` where the loader has it (0.33+): weights copied, never assigned."""
+    return {"disable_dynamic": True} if "disable_dynamic" in inspect.signature(loader).parameters else {}
+
+
+def _targets(model: Any, plans: list) -> dict[str, torch.Tensor]:
+    if model is None:
+        raise MergeBuildError("ComfyUI could not build a model from the merged weights; save the merge with "
+                              "Save Merge and load the file instead")
+    params = model.model.diffusion_model.state_dict()
+    targets = {}
+    for plan in plans:
+        target = params.get(plan.key.removeprefix(UNET))
+        if target is None or tuple(target.shape) != tuple(plan.shape) or (0 in target.stride() and
+                                                                          target.numel() > 1):
+            raise MergeBuildError(f"{plan.key}: ComfyUI's loader renamed or reshaped this weight, so the "
+                                  f"Merge node cannot fill it in place; save the merge with Save Merge and "
+                                  f"load it")
+        targets[plan.key] = target
+    return targets
+
+
+def merge_models(recipe: object, **fields: Any) -> tuple[Any, Any, Any]:
+    """The Merge node: ``recipe`` merged into a fresh MODEL, CLIP and VAE (fp32 math, no file)."""
+    from ..merge.session import MergeSession
+
+    with MergeSession(recipe, merge_options(dtype="fp32", **fields)) as session:
+        return build_models(session)
+
+
+def save_merge(recipe: object, filename: str, if_exists: str, **fields: Any) -> tuple[Path, Any]:
+    """The Save node: ``recipe`` streamed into a checkpoint under the output folder; (path, report)."""
+    from ..merge.execute import merge
+
+    path = merge_files.output_file(filename, if_exists)
+    return path, merge(recipe, path, merge_options(overwrite=if_exists == "overwrite", **fields))
+
+
+def extract(recipe: object, filename: str, if_exists: str, **fields: Any) -> tuple[str, Any]:
+    """The Extract LoRA node: (the LoRA's name in the loras list, report); the list is refreshed."""
+    from ..merge.extract import extract_lora
+
+    path = merge_files.lora_file(filename, if_exists)
+    report = extract_lora(recipe, path, extract_options(overwrite=if_exists == "overwrite", **fields))
+    getattr(folder_paths, "filename_list_cache", {}).pop("loras", None)  # listed at the next queue
+    root = Path(folder_paths.get_folder_paths("loras")[0])
+    return path.relative_to(root).as_posix(), report
+
+
+def apply_lora(model: Any, clip: Any, name: str, strength_model: float, strength_clip: float) -> tuple:
+    """(model, clip) with LoRA ``name`` of the loras folder applied, exactly as LoraLoader applies it."""
+    lora = comfy.utils.load_torch_file(folder_paths.get_full_path_or_raise("loras", name), safe_load=True)
+    return comfy.sd.load_lora_for_models(model, clip, lora, strength_model, strength_clip)
+
+
+def recipe_hook(recipe: object, base: object | None, strength_model: float, *, keyframes: Any = None,
+                prev: Any = None, seed: int = 0, cache_mb: float = 0) -> Any:
+    """The Recipe Hook node: HOOKS adding ``strength_model * (recipe - base)`` to the diffusion model's
+    weights, each key's delta merged on first use (merge/delta.py, hooks/recipe_hook.py). The recipe's
+    inputs are opened and checked here (one architecture); nothing is merged yet."""
+    from ..hooks.recipe_hook import recipe_hook as make_hook
+    from ..merge.delta import RecipeDeltas, delta_recipe
+
+    options = merge_options(dtype="fp32", seed=seed, cache_mb=cache_mb)
+    deltas = RecipeDeltas(delta_recipe(recipe, base), options)
+    shapes = {merge_graph.comfy_key(key): shape for key, shape in deltas.shapes.items()
+              if key.startswith(UNET)}
+    if not shapes:
+        raise MergeBuildError(f"recipe hook: the recipe ({deltas.arch}) has no diffusion-model weight, so "
+                              f"the hook would change nothing; give it a recipe over checkpoints or "
+                              f"diffusion models")
+
+    def fetch(key: str) -> torch.Tensor | None:
+        return deltas.delta(merge_graph.canonical_key(key))
+    return make_hook(fetch, shapes, strength_model, keyframes, prev, name="recipe hook")

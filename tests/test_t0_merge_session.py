@@ -1,0 +1,330 @@
+"""T0: what the ComfyUI merge nodes need from the engine, without ComfyUI: in-memory sources reached
+through ``MergeOptions.resolve``, sessions streamed into any sink or evaluated key by key, the
+``MergeCache`` (results reused across merges only where nothing they depend on changed, within a byte
+budget), and ``check`` / ``on_progress`` (an interrupt leaves no file and a consistent cache)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+pytestmark = pytest.mark.t0
+
+ATTN = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"  # makes it sd15
+SHAPES = {
+    "model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3),
+    ATTN: (8, 768),
+    "model.diffusion_model.middle_block.1.proj_in.weight": (16, 24),
+    "model.diffusion_model.output_blocks.2.0.weight": (12, 10),
+    "model.diffusion_model.out.2.weight": (300, 70),
+    "cond_stage_model.transformer.text_model.embeddings.position_ids": (1, 7),
+}
+FLOATS = [k for k in SHAPES if not k.endswith("position_ids")]
+
+
+class Interrupted(Exception):
+    """What a caller's ``check`` raises (ComfyUI's InterruptProcessingException in the nodes)."""
+
+
+def make_model(path: Path, seed: int) -> Path:
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.arange(s[-1], dtype=torch.int64).reshape(s) if k.endswith("position_ids")
+               else torch.randn(s, generator=gen).half() for k, s in SHAPES.items()}
+    save_file(tensors, str(path))
+    return path
+
+
+@pytest.fixture
+def files(tmp_path):
+    return {n: make_model(tmp_path / f"{n}.safetensors", seed) for n, seed in (("a", 1), ("b", 2), ("c", 3))}
+
+
+class Counting:
+    """A resolver: ``mem:<name>`` -> a MemorySource over that file's tensors (counting reads), else
+    ``<name>`` -> the file."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files, self.reads = files, []
+
+    def __call__(self, path: str):
+        from merge.sources import MemorySource, tensor_info
+
+        if not path.startswith("mem:"):
+            return self.files[path]
+        name = path.removeprefix("mem:")
+        tensors = load_file(str(self.files[name]))
+
+        def fetch(key: str) -> torch.Tensor:
+            self.reads.append(key)
+            return tensors[key].clone()
+
+        infos = {k: tensor_info(t.dtype, tuple(t.shape)) for k, t in tensors.items()}
+        return MemorySource(f"memory {name}", infos, fetch, fingerprint=f"mem:{name}")
+
+
+def options(**kwargs):
+    from merge.execute import MergeOptions
+
+    return MergeOptions(progress=False, fsync=False, **kwargs)
+
+
+def recipe_of(alpha=0.3, first="mem:a"):
+    from merge import recipe as R
+
+    return R.weighted_sum(R.model(first), R.model("b"), alpha=alpha)
+
+
+def test_a_memory_source_merges_exactly_like_the_file_it_holds(files, tmp_path):
+    from merge.execute import merge
+
+    resolver = Counting(files)
+    merge(recipe_of(first="mem:a"), tmp_path / "mem.safetensors", options(resolve=resolver))
+    merge(recipe_of(first="a"), tmp_path / "file.safetensors", options(resolve=resolver))
+    from_memory = load_file(str(tmp_path / "mem.safetensors"))
+    from_file = load_file(str(tmp_path / "file.safetensors"))
+    assert sorted(from_memory) == sorted(SHAPES)
+    for key in SHAPES:
+        assert torch.equal(from_memory[key], from_file[key]), key
+    assert sorted(set(resolver.reads)) == sorted(SHAPES)  # read key by key, each key once
+    assert len(resolver.reads) == len(SHAPES)
+
+
+def test_a_refusing_resolver_stops_before_any_output(files, tmp_path):
+    from merge.execute import merge
+
+    def refuse(path: str):
+        raise ValueError(f"{path!r} is outside the model folders")
+
+    with pytest.raises(ValueError, match="'mem:a' is outside"):
+        merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=refuse))
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in files.values())
+
+
+def test_memory_and_file_inputs_of_different_architectures_are_refused(files, tmp_path):
+    from merge import io
+    from merge.execute import merge
+    from merge.sources import MemorySource, tensor_info
+
+    flux = {"model.diffusion_model.double_blocks.0.img_attn.qkv.weight": tensor_info(torch.float16, (9, 3))}
+    odd = MemorySource("graph flux", flux, lambda key: torch.zeros(9, 3), fingerprint="flux")
+    resolve = {"flux": odd, "b": files["b"]}.__getitem__
+    from merge import recipe as R
+
+    with pytest.raises(io.ModelFileError, match="graph flux: is a flux model but b.safetensors is sd15"):
+        merge(R.weighted_sum(R.model("b"), R.model("flux")), tmp_path / "out.safetensors",
+              options(resolve=resolve))
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+class DictSink:
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def append(self, key: str, tensor: torch.Tensor) -> None:
+        self.tensors[key] = tensor.clone()  # the pipeline reuses the buffer
+
+
+def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single_keys(files, tmp_path):
+    from merge.execute import merge
+    from merge.session import MergeSession
+
+    merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=Counting(files), dtype="fp32"))
+    written = load_file(str(tmp_path / "out.safetensors"))
+    with MergeSession(recipe_of(), options(resolve=Counting(files), dtype="fp32")) as session:
+        assert session.arch == "sd15" and sorted(p.key for p in session.plans) == sorted(SHAPES)
+        sink = DictSink()
+        session.stream(sink, [p for p in session.plans if "middle_block" in p.key or "out." in p.key],
+                       spill_dir=tmp_path)
+        assert sorted(sink.tensors) == ["model.diffusion_model.middle_block.1.proj_in.weight",
+                                        "model.diffusion_model.out.2.weight"]
+        for key, tensor in sink.tensors.items():
+            assert torch.equal(tensor, written[key])
+        assert torch.equal(session.evaluate(ATTN), written[ATTN])
+        assert session.source_dtype(ATTN) == torch.float16
+
+
+def test_a_cached_merge_reads_and_computes_nothing_and_writes_the_same_bytes(files, tmp_path):
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    first = Counting(files)
+    report = merge(recipe_of(), tmp_path / "1.safetensors", options(resolve=first, cache=cache))
+    assert report.cached_keys == 0 and len(first.reads) == len(SHAPES)
+    again = Counting(files)
+    report = merge(recipe_of(), tmp_path / "2.safetensors", options(resolve=again, cache=cache))
+    assert report.cached_keys == len(FLOATS)
+    assert again.reads == ["cond_stage_model.transformer.text_model.embeddings.position_ids"]  # not float
+    assert (tmp_path / "1.safetensors").read_bytes() == (tmp_path / "2.safetensors").read_bytes()
+    other_dtype = merge(recipe_of(), tmp_path / "3.safetensors", options(resolve=Counting(files), cache=cache,
+                                                                         dtype="fp32"))
+    assert other_dtype.cached_keys == 0  # a final result is cached per output dtype
+
+
+def test_changing_one_block_recomputes_only_that_blocks_keys(files, tmp_path):
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    blocks = {"IN00": 0.1, "IN01": 0.2, "default": 0.5}
+    merge(recipe_of(alpha=blocks), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    resolver = Counting(files)
+    report = merge(recipe_of(alpha={**blocks, "IN01": 0.9}), tmp_path / "2.safetensors",
+                   options(resolve=resolver, cache=cache))
+    assert set(resolver.reads) == {ATTN, "cond_stage_model.transformer.text_model.embeddings.position_ids"}
+    assert report.cached_keys == len(FLOATS) - 1
+    fresh = merge(recipe_of(alpha={**blocks, "IN01": 0.9}), tmp_path / "3.safetensors",
+                  options(resolve=Counting(files)))
+    assert fresh.cached_keys == 0
+    assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
+
+
+def test_intermediates_and_method_caches_survive_a_change_of_the_outer_parameter(files, tmp_path):
+    from merge import recipe as R
+    from merge import registry
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    calls, decompositions = [], []
+    with registry.scope():
+        def slow_delta(a, b):
+            """A delta computed on whole tensors (not elementwise), counting its calls."""
+            if a.device.type != "meta":  # the executor traces non-float keys on meta tensors
+                calls.append(1)
+            return a - b
+
+        def cached_norm(a, *, alpha: float = 1.0, ctx=None):
+            """a times alpha times a per-key constant kept in the method cache."""
+            if "norm" not in ctx.cache and a.device.type != "meta":
+                decompositions.append(ctx.key)
+                ctx.cache["norm"] = torch.ones(4)
+            return a * alpha * float(ctx.cache["norm"][0])
+
+        slow_delta.__annotations__ = {"a": registry.Weight, "b": registry.Weight, "return": registry.Delta}
+        cached_norm.__annotations__ = {"a": registry.Weight, "alpha": float, "return": registry.Weight,
+                                       "ctx": registry.KeyContext}
+        registry.merge_method(slow_delta)
+        registry.merge_method(cached_norm)
+        cache = MergeCache(budget_mb=64)
+        for outer, inner in ((0.5, 0.7), (0.25, 0.7), (0.25, 0.3)):
+            delta = R.call("slow_delta", R.model("b"), R.model("c"))
+            recipe = R.call("cached_norm", R.add_difference(R.model("a"), delta, alpha=inner), alpha=outer)
+            merge(recipe, tmp_path / f"{outer}-{inner}.safetensors",
+                  options(resolve=Counting(files), cache=cache))
+    assert len(calls) == len(FLOATS)  # the intermediate delta: computed in the first merge only
+    # the method cache belongs to the call's inputs: kept when only its own alpha changes (the second
+    # merge), made again when its input changes (the third)
+    assert len(decompositions) == 2 * len(FLOATS)
+
+
+def test_a_changed_input_file_is_never_served_from_the_cache(files, tmp_path):
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    make_model(files["b"], seed=7)
+    stat = files["b"].stat()
+    os.utime(files["b"], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    report = merge(recipe_of(first="a"), tmp_path / "2.safetensors",
+                   options(resolve=Counting(files), cache=cache))
+    assert report.cached_keys == 0
+    fresh = merge(recipe_of(first="a"), tmp_path / "3.safetensors", options(resolve=Counting(files)))
+    assert fresh.cached_keys == 0
+    assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
+
+
+def test_the_budget_keeps_the_current_run_and_evicts_older_runs_first():
+    from merge.cache import MergeCache
+
+    kib = torch.zeros(256)  # 1 KiB
+    cache = MergeCache(budget_mb=3 / 1024)
+    cache.new_run()
+    assert cache.put("a", kib.clone()) and cache.put("b", kib.clone()) and cache.put("c", kib.clone())
+    assert not cache.put("d", kib.clone())  # full of this run's entries: the newcomer is dropped
+    cache.new_run()
+    assert cache.get("b") is not None  # b is used again in the new run
+    assert cache.put("e", kib.clone())  # evicts a (older run, least recently used), not b
+    assert cache.get("a") is None and cache.get("b") is not None and cache.get("c") is not None
+    assert cache.stats().evictions == 1 and cache.stats().bytes == 3 * 1024
+    assert not cache.put("huge", torch.zeros(4096))  # larger than the whole budget
+    cache.set_budget(1 / 1024)
+    assert cache.stats().entries == 1 and cache.stats().bytes == 1024
+    cache.clear()
+    assert cache.stats().entries == 0 and cache.get("e") is None
+    cache.set_budget(0)
+    assert not cache.put("x", torch.zeros(1))
+
+
+def test_method_dicts_count_against_the_budget(files, tmp_path):
+    from merge.cache import MergeCache
+
+    cache = MergeCache(budget_mb=1 / 1024)
+    store = cache.method_store(("rotate", "a", "b"))
+    store.setdefault("k1", {})["q"] = torch.zeros(128)  # 512 bytes
+    cache.settle()
+    assert cache.stats().bytes == 512
+    cache.new_run()
+    store.setdefault("k2", {})["q"] = torch.zeros(192)  # 768 bytes: k1 (older run) goes
+    cache.settle()
+    assert cache.stats().bytes == 768 and cache.stats().entries == 1
+    assert "q" in store.setdefault("k2", {})
+
+
+def test_check_stops_the_merge_with_no_file_left_and_the_cache_consistent(files, tmp_path):
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache, seen = MergeCache(budget_mb=64), []
+
+    def check() -> None:
+        seen.append(1)
+        if len(seen) == 3:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        merge(recipe_of(), tmp_path / "out.safetensors",
+              options(resolve=Counting(files), cache=cache, check=check))
+    assert sorted(os.listdir(tmp_path)) == ["a.safetensors", "b.safetensors", "c.safetensors"]
+    assert 0 < cache.stats().entries < len(FLOATS)  # the keys finished before the stop
+    report = merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=Counting(files), cache=cache))
+    fresh = tmp_path / "fresh.safetensors"
+    merge(recipe_of(), fresh, options(resolve=Counting(files)))
+    assert 0 < report.cached_keys < len(FLOATS)
+    assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
+
+
+def test_check_runs_inside_long_elementwise_keys_and_progress_reaches_the_total(files, tmp_path):
+    from merge.execute import merge
+
+    checks, progress = [], []
+    merge(recipe_of(), tmp_path / "out.safetensors",
+          options(resolve=Counting(files), check=lambda: checks.append(1), chunk_elements=64,
+                  on_progress=lambda done, total: progress.append((done, total))))
+    total = sum(torch.Size(s).numel() * (8 if k.endswith("position_ids") else 2) for k, s in SHAPES.items())
+    assert progress[-1] == (total, total)
+    assert [d for d, _ in progress] == sorted(d for d, _ in progress)
+    assert len(checks) > len(SHAPES)  # out.2.weight (21000 elements) is 329 slices: checked inside too
+
+
+def test_a_key_dropped_below_a_call_is_dropped_not_replaced_by_the_difference_beside_it(files, tmp_path):
+    """add_difference(pick_component(a, "diffuser"), delta): the text encoder keys pick_component drops
+    stay out of the output; the delta alone is no weight for them (it used to be passed through)."""
+    from merge import recipe as R
+    from merge.execute import merge
+
+    clip_key = "cond_stage_model.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight"
+    save_file({clip_key: torch.ones(4, 4), ATTN: torch.ones(8, 768)}, str(tmp_path / "d.safetensors"))
+    a = load_file(str(files["a"]))
+    save_file({**a, clip_key: torch.zeros(4, 4, dtype=torch.float16)}, str(files["a"]))
+    recipe = R.add_difference(R.pick_component(R.model("a"), component="diffuser"),
+                              R.model("d", space="delta"), alpha=0.5)
+    resolve = {"a": files["a"], "d": tmp_path / "d.safetensors"}.__getitem__
+    report = merge(recipe, tmp_path / "out.safetensors", options(resolve=resolve, dtype="fp32"))
+    out = load_file(str(tmp_path / "out.safetensors"))
+    assert clip_key not in out and clip_key in report.skipped
+    assert torch.equal(out[ATTN], a[ATTN].float() + 0.5)
