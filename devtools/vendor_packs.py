@@ -80,7 +80,8 @@ def ensure_packs(comfyui_version: str) -> dict[str, Path]:
 
 
 def ensure_unpacked(pack: VendorArchive, cache: Path | None = None) -> Path:
-    """The folder ``pack`` unpacks to, under ``cache`` (default: ``vendor/`` in the cache outside the clone)."""
+    """The folder ``pack`` unpacks to, under ``cache`` (default: ``vendor/`` in the cache outside the
+    clone)."""
     stem = pack.archive.removesuffix(".tar.gz")
     target = (cache or devpaths.env_cache_dir() / "vendor") / f"{stem}-{pack.sha256[:16]}"
     if (target / pack.folder).is_dir():
