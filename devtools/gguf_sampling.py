@@ -4,7 +4,8 @@ The hook engine is tested on UNets that ComfyUI-GGUF's own ``UnetLoaderGGUF`` no
 files devtools/tiny_gguf.py makes. The pack comes from ``ComfyUI-GGUF.tar.gz`` in the shared vendor
 folder (commit 795e451, sha256-pinned in devtools/vendor_packs.py), is unpacked once into the cache
 outside the clone (``$PATCHBAY_CACHE/vendor``, never into the repo) and is loaded by ComfyUI's own
-custom-node loader, as a user's ``custom_nodes/ComfyUI-GGUF`` is. It needs the ``gguf`` package (pinned in the lock files).
+custom-node loader, as a user's ``custom_nodes/ComfyUI-GGUF`` is. It needs the ``gguf`` package (pinned
+in the lock files).
 Conditioning and sampling are devtools/arch_sampling.py's ("sd15" and "flux" conds)::
 
     load_comfyui_gguf()                      # once per process, after ComfyUI is imported
