@@ -2,9 +2,10 @@
 
 The hook engine is tested on UNets that ComfyUI-GGUF's own ``UnetLoaderGGUF`` node loads, from the
 files devtools/tiny_gguf.py makes. The pack comes from ``ComfyUI-GGUF.tar.gz`` in the shared vendor
-folder (commit 795e451, sha256-pinned here), is unpacked once into the cache outside the clone
-(``$PATCHBAY_CACHE/vendor``, never into the repo) and is loaded by ComfyUI's own custom-node loader,
-as a user's ``custom_nodes/ComfyUI-GGUF`` is. It needs the ``gguf`` package (pinned in the lock files).
+folder (commit 795e451, sha256-pinned in devtools/vendor_packs.py), is unpacked once into the cache
+outside the clone (``$PATCHBAY_CACHE/vendor``, never into the repo) and is loaded by ComfyUI's own
+custom-node loader, as a user's ``custom_nodes/ComfyUI-GGUF`` is. It needs the ``gguf`` package (pinned
+in the lock files).
 Conditioning and sampling are devtools/arch_sampling.py's ("sd15" and "flux" conds)::
 
     load_comfyui_gguf()                      # once per process, after ComfyUI is imported
@@ -17,58 +18,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
-import hashlib
-import os
-import shutil
-import tarfile
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import devpaths
 import tiny_gguf
 import torch
+from vendor_packs import COMFYUI_GGUF, ensure_unpacked
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
-GGUF_ARCHIVE = "ComfyUI-GGUF.tar.gz"
-GGUF_SHA256 = "abe0f2c87fdfe2b96afba639687a19036639cd6abfa0ba2ff79a939a5fd1c14e"  # commit 795e451
-GGUF_PACK = "ComfyUI-GGUF"
 LOADER = "UnetLoaderGGUF"
 STEMS = {"sd15": "patchbay-sd15-tiny-a", "flux": "patchbay-flux-tiny"}
 QTYPES = tiny_gguf.QTYPES
-
-
-def unpack_comfyui_gguf() -> Path:
-    """The pack's folder in the cache, unpacked from the vendor archive on first use (temp + rename)."""
-    target = devpaths.env_cache_dir() / "vendor" / f"{GGUF_PACK}-{GGUF_SHA256[:12]}"
-    pack = target / GGUF_PACK
-    if (pack / "__init__.py").is_file():
-        return pack
-    archive = devpaths.vendor_dir() / GGUF_ARCHIVE
-    if not archive.is_file():
-        raise FileNotFoundError(f"{archive} is missing: set PATCHBAY_VENDOR to the shared vendor folder "
-                                f"that holds {GGUF_ARCHIVE}.")
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != GGUF_SHA256:
-        raise RuntimeError(f"{archive} has sha256 {digest}, not {GGUF_SHA256}: it is not the ComfyUI-GGUF "
-                           "snapshot (795e451) the tests were written for.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    unpacked = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(unpacked, filter="data")
-        if not (unpacked / GGUF_PACK / "__init__.py").is_file():
-            raise RuntimeError(f"{archive} holds no {GGUF_PACK}/__init__.py")
-        try:
-            os.rename(unpacked, target)
-        except OSError:
-            if not (pack / "__init__.py").is_file():  # not a concurrent unpack that got there first
-                raise
-    finally:
-        shutil.rmtree(unpacked, ignore_errors=True)
-    return pack
 
 
 def load_comfyui_gguf() -> None:
@@ -77,7 +39,7 @@ def load_comfyui_gguf() -> None:
 
     if LOADER in nodes.NODE_CLASS_MAPPINGS:
         return
-    pack = unpack_comfyui_gguf()
+    pack = ensure_unpacked(COMFYUI_GGUF)
     if not asyncio.run(nodes.load_custom_node(str(pack))) or LOADER not in nodes.NODE_CLASS_MAPPINGS:
         raise RuntimeError(f"ComfyUI did not load {pack}; its log says why (is the gguf package installed?)")
 

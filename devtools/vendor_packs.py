@@ -7,11 +7,14 @@ them; the vendor folder keeps pinned snapshots (its README says which commit run
 Data flow::
 
     $PATCHBAY_VENDOR (default ../shared/vendor)/<archive>.tar.gz   read-only, sha256 pinned here
-      -> <repo cache>/vendor/<archive stem>-<sha256[:16]>/<pack folder>   unpacked once (a temporary
-         folder renamed into place), reused while the sum matches; never inside the repo's sources
-      -> comfy_server links it into its custom_nodes folder as <pack name> (the name users clone to)
+      -> $PATCHBAY_CACHE (default ~/.cache/patchbay)/vendor/<archive stem>-<sha256[:16]>/<pack folder>
+         unpacked once (a temporary folder renamed into place), reused while the sum matches; never
+         inside the clone
+      -> comfy_server links it into its custom_nodes folder as <pack name> (the name users clone to);
+         devtools/gguf_sampling.py loads COMFYUI_GGUF in-process for the t1 GGUF tests
 
-Neither pack needs a Python package that ComfyUI's own requirements do not already bring.
+Neither AnimateDiff-Evolved nor Advanced-ControlNet needs a Python package that ComfyUI's own
+requirements do not already bring; ComfyUI-GGUF needs ``gguf`` (pinned in the lock files).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import devpaths
 
-__all__ = ["VendorArchive", "VendorError", "ensure_packs", "ensure_unpacked", "packs_for", "vendor_dir"]
+__all__ = ["COMFYUI_GGUF", "VendorArchive", "VendorError", "ensure_packs", "ensure_unpacked", "packs_for"]
 
 
 class VendorError(RuntimeError):
@@ -55,13 +58,12 @@ CONTROLNET_0_33 = VendorArchive(
     "ComfyUI-Advanced-ControlNet-9e60d8a.tar.gz",
     "d972c10e45300318a14b092303f66004ccfa5cb95f3497048385af3298de5632",
     "ComfyUI-Advanced-ControlNet-9e60d8a", "ComfyUI-Advanced-ControlNet")
+COMFYUI_GGUF = VendorArchive(
+    "ComfyUI-GGUF.tar.gz",
+    "abe0f2c87fdfe2b96afba639687a19036639cd6abfa0ba2ff79a939a5fd1c14e",  # commit 795e451
+    "ComfyUI-GGUF", "ComfyUI-GGUF")
 # Advanced-ControlNet after 2bde95a needs a newer ComfyUI than 0.3.75 (the vendor README).
 PACKS = {"0.3.75": (ANIMATEDIFF, CONTROLNET_0_3_75), "0.33.0": (ANIMATEDIFF, CONTROLNET_0_33)}
-
-
-def vendor_dir() -> Path:
-    """$PATCHBAY_VENDOR, or the shared vendor folder beside the clone (as devtools/env.sh finds it)."""
-    return Path(os.environ.get("PATCHBAY_VENDOR") or devpaths.ROOT.parent / "shared" / "vendor")
 
 
 def packs_for(comfyui_version: str) -> tuple[VendorArchive, ...]:
@@ -78,12 +80,13 @@ def ensure_packs(comfyui_version: str) -> dict[str, Path]:
 
 
 def ensure_unpacked(pack: VendorArchive, cache: Path | None = None) -> Path:
-    """The folder ``pack`` unpacks to, under ``cache`` (default: the repo cache's ``vendor/``)."""
+    """The folder ``pack`` unpacks to, under ``cache`` (default: ``vendor/`` in the cache outside the
+    clone)."""
     stem = pack.archive.removesuffix(".tar.gz")
-    target = (cache or devpaths.cache_dir() / "vendor") / f"{stem}-{pack.sha256[:16]}"
+    target = (cache or devpaths.env_cache_dir() / "vendor") / f"{stem}-{pack.sha256[:16]}"
     if (target / pack.folder).is_dir():
         return target / pack.folder
-    archive = vendor_dir() / pack.archive
+    archive = devpaths.vendor_dir() / pack.archive
     if not archive.is_file():
         raise VendorError(f"{archive} is missing: set PATCHBAY_VENDOR to the folder that holds "
                           f"{pack.archive} (the shared vendor folder).")

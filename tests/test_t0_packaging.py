@@ -39,3 +39,22 @@ def test_icon_url_is_this_repos_raw_file_and_a_square_svg():
 def test_readme_registry_install_line_names_the_project():
     readme = (ROOT / "README.md").read_text()
     assert f"comfy node install {PYPROJECT['project']['name']}" in readme
+
+
+def test_no_tracked_text_file_holds_a_merge_conflict_marker():
+    """A merge once committed README.md with its conflict markers; nothing else caught it."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    marker = re.compile(rb"^(<{7}|>{7}) |^={7}$", re.M)
+    found = []
+    for name in tracked.decode().split("\0"):
+        path = ROOT / name
+        if not name or path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # binary (images, models)
+        newline = b"\n"
+        found += [f"{name}:{data.count(newline, 0, m.start()) + 1}" for m in marker.finditer(data)]
+    assert not found, "conflict markers left in: " + ", ".join(found)

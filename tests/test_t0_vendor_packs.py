@@ -6,6 +6,7 @@ import hashlib
 import io
 import tarfile
 
+import devpaths
 import pytest
 import vendor_packs
 from vendor_packs import VendorArchive, VendorError
@@ -55,7 +56,7 @@ def test_an_archive_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch)
 
 def test_each_tested_comfyui_has_both_packs_pinned_as_the_vendor_folder_lists_them():
     sums = {}
-    listing = vendor_packs.vendor_dir() / "SHA256SUMS"
+    listing = devpaths.vendor_dir() / "SHA256SUMS"
     for line in listing.read_text().splitlines():
         digest, name = line.split()
         sums[name] = digest
@@ -64,5 +65,6 @@ def test_each_tested_comfyui_has_both_packs_pinned_as_the_vendor_folder_lists_th
         assert {p.name for p in packs} == {"ComfyUI-AnimateDiff-Evolved", "ComfyUI-Advanced-ControlNet"}
         for pack in packs:
             assert sums[pack.archive] == pack.sha256, f"{pack.archive} on ComfyUI {version}"
+    assert sums[vendor_packs.COMFYUI_GGUF.archive] == vendor_packs.COMFYUI_GGUF.sha256
     with pytest.raises(VendorError, match="no vendor packs are pinned for ComfyUI 0.2.0"):
         vendor_packs.packs_for("0.2.0")

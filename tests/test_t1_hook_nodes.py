@@ -9,25 +9,12 @@ the core chain places its keyframe at a percent that starts on the same step.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-
-def _engine_tests():
-    """tests/test_t1_hook_engine.py, whose rig and tolerance these tests share (tests/ is no package)."""
-    spec = importlib.util.spec_from_file_location("_t1_hook_engine", Path(__file__).with_name(
-        "test_t1_hook_engine.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ENGINE_TESTS = _engine_tests()
-EngineRig, assert_close = _ENGINE_TESTS.Rig, _ENGINE_TESTS.assert_close
+from hook_rig import Rig as EngineRig
+from hook_rig import assert_close
 
 pytestmark = pytest.mark.t1
 

@@ -8,27 +8,15 @@ b at strength alpha adds). Each on Fast Hooks and on core's hook path; 1e-4 x ma
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from hook_rig import Rig as EngineRig
+from hook_rig import assert_close
 
 pytestmark = pytest.mark.t1
 
-
-def _engine_tests():
-    """tests/test_t1_hook_engine.py, whose rig and tolerance these tests share (tests/ is no package)."""
-    spec = importlib.util.spec_from_file_location("_t1_hook_engine_for_recipes", Path(__file__).with_name(
-        "test_t1_hook_engine.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_ENGINE_TESTS = _engine_tests()
-EngineRig, assert_close = _ENGINE_TESTS.Rig, _ENGINE_TESTS.assert_close
 
 CKPT_A, CKPT_B = "patchbay-sd15-tiny-a.safetensors", "patchbay-sd15-tiny-b.safetensors"
 SDXL_UNET = "patchbay-sdxl-tiny.safetensors"
