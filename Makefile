@@ -1,11 +1,12 @@
 # Every target sets up what it needs: devtools/env.sh builds (once) or reuses the cached Python 3.11
 # environment of one ComfyUI version, and tiny models (shared by all versions) are generated on first use.
 # COMFYUI picks the version: `make test` runs every tier on the first of TESTED_COMFYUI and t1-t3 on
-# the others in turn (t0 imports no ComfyUI: it cannot differ), `make test COMFYUI=0.33` every tier on
-# that one; the other targets use one version, DEFAULT_COMFYUI unless told.
+# the others, side by side on a machine with a core for each (devtools/test_versions.sh; t0 imports no
+# ComfyUI: it cannot differ), `make test COMFYUI=0.33` every tier on that one; the other targets use
+# one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help demo run test test-one test-gpu lint models workflows env clean bench-hooks bench-merge bench-merge-nodes
+.PHONY: help demo run test test-gpu lint models workflows env clean bench-hooks bench-merge bench-merge-nodes
 
 TESTED_COMFYUI := 0.3.75 0.33
 DEFAULT_COMFYUI := 0.3.75
@@ -20,7 +21,7 @@ help:
 	@echo "make demo    run every bundled workflow on a real ComfyUI (CPU, tiny models) and print a table"
 	@echo "make run     start that ComfyUI with Patchbay loaded and leave it running; prints the URL"
 	@echo "make test    run every test tier (t0 pure, t1 in-process, t2 live server, t3 real frontend)"
-	@echo "             on ComfyUI $(TESTED_COMFYUI) in turn; COMFYUI=0.33 (or 0.3.75) runs one version"
+	@echo "             on ComfyUI $(TESTED_COMFYUI), side by side; COMFYUI=0.33 (or 0.3.75) runs one version"
 	@echo "             COMFYUI=... also picks the version for demo, run, models, workflows (default $(DEFAULT_COMFYUI))"
 	@echo "make test-gpu  the tests marked gpu (dynamic VRAM with comfy-aimdo) on a CUDA machine; ComfyUI 0.33"
 	@echo "make lint    ruff over the repo"
@@ -38,19 +39,7 @@ run:
 	@$(call with_env) && "$$PY" devtools/demo.py --serve
 
 test:
-	@failed=""; tiers=""; for version in $(or $(COMFYUI),$(TESTED_COMFYUI)); do \
-		echo "=== make test on ComfyUI $$version: tiers $${tiers:-t0 t1 t2 t3} ==="; started=$$SECONDS; \
-		PATCHBAY_TIERS="$$tiers" $(MAKE) --no-print-directory test-one COMFYUI=$$version \
-			|| failed="$$failed $$version"; \
-		echo "=== ComfyUI $$version: $$((SECONDS - started)) s ==="; \
-		tiers="t1 t2 t3"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "make test: FAILED on ComfyUI$$failed (see above)"; exit 1; fi; \
-	echo "make test: passed on ComfyUI $(or $(COMFYUI),$(TESTED_COMFYUI))"
-
-test-one:
-	@$(call with_env,--browser) && "$$PY" -m ruff check . && "$$PY" devtools/tiny_models.py \
-		&& "$$PY" -m pytest $(PYTEST_ARGS)
+	@PYTEST_ARGS="$(PYTEST_ARGS)" devtools/test_versions.sh $(or $(COMFYUI),$(TESTED_COMFYUI))
 
 # The gpu tests need CUDA (conftest deselects them elsewhere) and are about 0.33's dynamic VRAM.
 test-gpu: DEFAULT_COMFYUI := 0.33
