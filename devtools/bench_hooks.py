@@ -10,6 +10,9 @@ Models (``--arch``, devtools/bench_models.py; euler, CFG 7): ``tiny``, the tiny 
 10 steps at 8x8 and 16x16 (issue 4); ``sd15-full``, an SD1.5-size UNet with rank-32 LoRAs, 10 steps
 at 16x16; ``sdxl-full``, an SDXL-size UNet, 20 steps at 128x128 (1024 x 1024), the regional scenario
 with plain, core and Fast Hooks, for ``--device cuda`` (``sdxl-small``: its code path, CPU-sized).
+``--compile`` (issue 18 item 3): every contender samples the model compiled by ComfyUI's
+TorchCompileModel (inductor); "plain" is then the compiled model without hooks, and the untimed warm-up
+round compiles every graph. No memory probes then.
 
 Scenarios (each times the *same* workflow per contender; only how the LoRA is applied differs):
   positive_lora       one LoRA hook on the positive prompt
@@ -53,6 +56,7 @@ Timings on a shared machine are noisy; read the ratios, not the seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -67,7 +71,7 @@ SCENARIOS = bench_models.ALL_SCENARIOS
 CONTENDERS = bench_models.ALL_CONTENDERS
 JSON_KEYS = ("patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "patchbay_rss_mb_over_plain",
              "lora_files_mb")
-RUN_KEYS = ("arch", "device", "steps", "comfyui", "memory")
+RUN_KEYS = ("arch", "device", "steps", "compile", "comfyui", "memory")
 SCHEDULE = [1.0, 0.75, 0.5, 0.25]
 CFG, SAMPLER, SCHEDULER = 7.0, "euler", "normal"
 NOT_AVAILABLE = "not available in this ComfyUI version"
@@ -375,6 +379,20 @@ _scenarios = _subset(SCENARIOS, "scenario")
 _contenders = _subset(CONTENDERS, "contender")
 
 
+COMPILE_PLAIN_TARGET = 1.10  # --compile: Fast Hooks on the compiled model / the compiled model plain
+
+
+def compile_models(bench: Bench) -> None:
+    """``--compile``: every contender samples the checkpoint compiled by ComfyUI's TorchCompileModel
+    (inductor), Fast Hooks on top of it; "plain" is then the compiled model without hooks. The untimed
+    warm-up round compiles every graph (core's, the hooked ones, each batch and latent size)."""
+    bench.model = bench.n["TorchCompileModel"].execute(bench.model, "inductor")[0]
+    bench.fast_model, _clip = bench.n["PatchbayHookEngine"]().enable(bench.model, 2048.0)
+    print("--compile: every contender samples the TorchCompileModel (inductor) model; no memory probes",
+          file=sys.stderr)
+
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sides = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
@@ -409,6 +427,9 @@ def parse_options(argv=None) -> argparse.Namespace:
                         "the smallest)")
     parser.add_argument("--memory", choices=("patchbay", "all", "none"), default="patchbay",
                         help="contenders whose peak memory is measured (default patchbay)")
+    parser.add_argument("--compile", action="store_true",
+                        help="every contender on the model compiled by TorchCompileModel (inductor): hooked "
+                        "compiled vs compiled plain; no memory probes")
     parser.add_argument("--probe", nargs=2, metavar=("SCENARIO", "CONTENDER"), help=argparse.SUPPRESS)
     parser.add_argument("--side", type=int, default=16, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -440,9 +461,14 @@ def main(argv=None) -> int:
         probe(setup, opts.probe[0], opts.probe[1], opts.side)
         return 0
     sizes, scenarios, contenders, side = opts.sizes, opts.scenarios, opts.contenders, opts.json_side
+    if opts.compile:
+        opts.memory = "none"  # the probes would sample uncompiled models in fresh processes
     # CPU: the probes first, while this process holds no model (a full-size one is GBs) next to theirs
     over = probe_memory(setup, side, scenarios, contenders, opts.memory) if setup.device == "cpu" else {}
-    times, peaks = measure(Bench(init_comfy(setup.device), setup), opts.rounds, sizes, scenarios, contenders)
+    bench = Bench(init_comfy(setup.device), setup)
+    if opts.compile:
+        compile_models(bench)
+    times, peaks = measure(bench, opts.rounds, sizes, scenarios, contenders)
     if setup.device == "cuda" and opts.memory != "none":
         over = bench_memory.in_process(peaks, side, scenarios, contenders)
     print_times(times, setup, sizes, opts.rounds, scenarios, contenders)
@@ -452,18 +478,22 @@ def main(argv=None) -> int:
     if side != setup.spec.sizes[-1]:
         print(f"(the JSON line carries {side}x{side} figures, not the arch's {setup.spec.sizes[-1]})")
     medians = {s: {c: _median(times[(s, side, c)]) for c in contenders} for s in scenarios}
-    print_targets(times, side, over, setup.spec.targets, files_mb)
-    print(json_line(medians, over, files_mb, run_info(setup, opts.memory)))
+    targets = setup.spec.targets
+    if opts.compile:  # issue 18 item 3: hooked compiled <= 1.10x compiled plain, whatever the arch
+        targets = dataclasses.replace(targets, plain=COMPILE_PLAIN_TARGET)
+    print_targets(times, side, over, targets, files_mb)
+    print(json_line(medians, over, files_mb, run_info(setup, opts.memory, opts.compile)))
     return 0
 
 
-def run_info(setup: RunSetup, memory: str) -> dict:
-    """RUN_KEYS for the JSON line: the arch, device, steps, ComfyUI version and memory method."""
+def run_info(setup: RunSetup, memory: str, compiled: bool = False) -> dict:
+    """RUN_KEYS for the JSON line: the arch, device, steps, compile, ComfyUI version and memory method."""
     import devpaths
 
     method = {"cpu": "peak_rss", "cuda": "cuda_max_memory_allocated"}[setup.device]
     return {"arch": setup.spec.name, "device": setup.device, "steps": setup.steps,
-            "comfyui": devpaths.comfyui_version(), "memory": None if memory == "none" else method}
+            "compile": compiled, "comfyui": devpaths.comfyui_version(),
+            "memory": None if memory == "none" else method}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Data flow (nodes -> hooks -> patcher -> comfy)::
                                 transformer_options, which a compiled model's graphs guard on.
         patcher.registry wrappers under "patchbay.hooks": OUTER_SAMPLE (forward hooks on/off),
                                 CALC_COND_BATCH (strip claimed hooks, advance keyframes),
-                                APPLY_MODEL (per-row strengths)
+                                APPLY_MODEL (per-row strengths; priority -1: inside TorchCompileModel's
+                                wrapper, see hooks/compiled.py)
     sampling: the patcher's register_all_hook_patches asks its claimers (HookEngine.claim) which
               WeightHooks they run; hooks/engine.py does the rest.
     enable_clip_cache(clip) -> CLIP clone with the object patch encode_token_weights -> CachedEncode
@@ -43,8 +44,10 @@ _ENCODE = "encode_token_weights"
 
 CLAIMER_KEY = "hooks"  # the engine's slot among the patcher's hook claimers
 WRAPPER_KEY = "patchbay.hooks"  # the registry key (patchbay.<name>) of its wrappers
-_WRAPPERS = (("outer_sample", outer_sample_wrapper), ("calc_cond_batch", calc_cond_batch_wrapper),
-             ("apply_model", apply_model_wrapper))
+# (type, wrapper, priority): APPLY_MODEL runs inside every wrapper of priority 0, core's torch.compile
+# wrapper included, so on a compiled model it sees the compiled module that wrapper installs
+_WRAPPERS = (("outer_sample", outer_sample_wrapper, 0), ("calc_cond_batch", calc_cond_batch_wrapper, 0),
+             ("apply_model", apply_model_wrapper, -1))
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ def enable_hook_engine(model: ModelPatcher, cache_mb: float = 2048.0,
     else:
         engine.cache.resize(int(cache_mb * 2**20))
     set_hook_claimer(clone, CLAIMER_KEY, FastHooks(engine, rounding))
-    for wrapper_type, fn in _WRAPPERS:
-        registry.set_wrapper(clone, wrapper_type, WRAPPER_KEY, fn)
+    for wrapper_type, fn, priority in _WRAPPERS:
+        registry.set_wrapper(clone, wrapper_type, WRAPPER_KEY, fn, priority=priority)
     return clone
 
 

@@ -19,6 +19,9 @@ Data flow (see docs/design-hook-engine.md)::
           so every cond group runs in one batched forward pass
     APPLY_MODEL wrapper: transformer_options["uuids"] -> (chunks, hooks) strengths -> ContextVar
     forward hook: ModuleDeltas.apply adds each active hook's delta on its rows, in place
+On a model compiled by ComfyUI's TorchCompileModel the RunPlan carries a CompiledRun instead: its own
+forward hooks, strengths as a tensor and the deltas inside compiled graphs of their own
+(hooks/compiled.py); hooks with a dense delta are left to core there.
 The model's weights are never written: an exception or an interrupt leaves nothing to undo.
 """
 
@@ -39,8 +42,9 @@ from comfy.patcher_extension import WrappersMP
 
 from ..patcher.steps import cond_active
 from .cache import TensorCache
+from .compiled import CompiledRun, twin_settings
 from .lowrank import ModuleDeltas, RowStrengths
-from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, load_hook_patches
+from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, dense_key, load_hook_patches
 from .quantized import plain_weight
 
 __all__ = ["ROUNDINGS", "RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
@@ -50,6 +54,7 @@ log = logging.getLogger("patchbay.hooks")
 
 RUN_KEY = "patchbay.hooks.run"
 _COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
+_COMPILE_KWARGS = "torch_compile_kwargs"  # comfy_api.torch_helpers.torch_compile.TORCH_COMPILE_KWARGS
 _PLANS_KEPT = 8
 
 
@@ -74,19 +79,30 @@ class RunPlan:
     groups: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     handles: list = field(default_factory=list)
     installed: bool = False
+    compiled: CompiledRun | None = None  # set on a torch.compile'd model (hooks/compiled.py)
+
+    def strengths(self, uuids: Sequence[Any]) -> list[list[float]]:
+        """Per cond chunk of a model call, each claimed hook's strength (0 where the chunk lacks it)."""
+        zeros = [0.0] * len(self.index)
+        return [self.current.get(u, zeros) for u in uuids]
 
     def call_for(self, uuids: Sequence[Any]) -> _Call | None:
-        zeros = [0.0] * len(self.index)
-        strengths = RowStrengths([self.current.get(u, zeros) for u in uuids])
+        strengths = RowStrengths(self.strengths(uuids))
         return _Call(self, strengths) if strengths.runs else None
 
     def install(self) -> None:
-        self.handles = [m.register_forward_hook(_forward_hook) for m in self.modules]
+        if self.compiled is not None:
+            for model in self.covered:
+                self.compiled.install(model, self.modules)
+        else:
+            self.handles = [m.register_forward_hook(_forward_hook) for m in self.modules]
         self.installed = True
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+        if self.compiled is not None:
+            self.compiled.remove()
         self.handles = []
         self.installed = False
 
@@ -101,7 +117,9 @@ class RunPlan:
             extra = self.build(patcher)
             self.modules = {**self.modules, **extra}
             self.covered.append(patcher.model)
-            if self.installed:
+            if self.installed and self.compiled is not None:
+                self.compiled.install(patcher.model, extra)
+            elif self.installed:
                 self.handles += [m.register_forward_hook(_forward_hook) for m in extra]
 
 
@@ -125,6 +143,7 @@ class HookEngine:
         self.cache = TensorCache(cache_bytes)
         self._patches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._plans: OrderedDict[tuple, dict] = OrderedDict()  # (model, hook ref ids) -> modules
+        self._twins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hooks/compiled.py
         self.parses = 0
         self.plans_built = 0
 
@@ -136,8 +155,8 @@ class HookEngine:
         return per_model[model]
 
     def runs_hooks_on(self, patcher: Any) -> bool:
-        """Whether the engine runs hooks on ``patcher`` at all (not on a torch.compile'd model)."""
-        return _compiled_part(patcher) is None
+        """Whether the engine runs hooks on ``patcher`` (not if compiled other than by TorchCompileModel)."""
+        return _compile_mode(patcher, patcher.model_options)[1] is None
 
     def claim(self, patcher: Any, hooks: Any, model_options: dict, rounding: str = "compute") -> list[Any]:
         """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``.
@@ -145,21 +164,23 @@ class HookEngine:
         rounding: one of ROUNDINGS (hooks/plan.py), the setting of the claimer that asks.
         """
         model = patcher.model
-        compiled = _compiled_part(patcher)
-        if compiled is not None:
-            log.debug("hooks run on ComfyUI's weight-swapping path: %s is compiled with torch.compile, whose "
-                      "graphs do not see forward hooks added later (use Patch Order weight_patch_first)",
-                      compiled)
+        settings, why_not = _compile_mode(patcher, model_options)
+        if why_not is not None:
+            log.debug("hooks run on ComfyUI's weight-swapping path: %s", why_not)
             return []
         claimed: list[Any] = []
         by_ref: dict = {}
         for hook in hooks.get_type(comfy.hooks.EnumHookType.Weight):
             hp = self.hook_patches(model, hook)
-            if hp.reason is None:
+            reason = hp.reason
+            if reason is None and settings is not None and (key := dense_key(model, hp, rounding)):
+                reason = (f"{key} needs a dense delta (LoHa, LoKr, DoRA, model-as-LoRA, a bias, rounding "
+                          "'loraloader'), which the engine runs only on a model that is not compiled")
+            if reason is None:
                 claimed.append(hook)
                 by_ref[hook.hook_ref] = hp
             else:
-                log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), hp.reason)
+                log.debug("hook %s runs on ComfyUI's weight-swapping path: %s", _name(hook), reason)
         if not claimed:
             return []
         log.debug("%d hook(s) run in the forward pass on %s", len(claimed), type(patcher).__name__)
@@ -167,8 +188,9 @@ class HookEngine:
         modules = self._modules(patcher, refs, by_ref, rounding)
         def build(other: Any) -> dict:
             return self._modules(other, refs, by_ref, rounding)
+        compiled = None if settings is None else CompiledRun(settings, self._twins)
         model_options.setdefault("transformer_options", {})[RUN_KEY] = RunPlan(
-            {ref: i for i, ref in enumerate(refs)}, modules, build, [model])
+            {ref: i for i, ref in enumerate(refs)}, modules, build, [model], compiled=compiled)
         return claimed
 
     def for_core(self, patcher: Any, hook: Any) -> Any:
@@ -224,14 +246,17 @@ class HookEngine:
         return fetch
 
 
-def _compiled_part(patcher: Any) -> str | None:
-    """What of the model runs under torch.compile (an object patch, or core's TorchCompileModel), or None."""
+def _compile_mode(patcher: Any, model_options: dict) -> tuple[dict | None, str | None]:
+    """(twin settings, None) for a model compiled by TorchCompileModel, (None, None) for one not compiled,
+    (None, why) where the engine leaves the hooks to core."""
     for key, value in patcher.object_patches.items():
         if isinstance(value, torch._dynamo.eval_frame.OptimizedModule):
-            return f"object patch {key!r}"
-    if _COMPILE_KEY in patcher.wrappers.get(WrappersMP.APPLY_MODEL, {}):
-        return "the diffusion model (TorchCompileModel)"
-    return None
+            return None, (f"object patch {key!r} is compiled with torch.compile outside ComfyUI's "
+                          "TorchCompileModel (use Patch Order weight_patch_first)")
+    if _COMPILE_KEY not in patcher.wrappers.get(WrappersMP.APPLY_MODEL, {}):
+        return None, None
+    settings, why_not = twin_settings(model_options.get(_COMPILE_KWARGS))
+    return settings, None if why_not is None else f"the model is compiled by TorchCompileModel, but {why_not}"
 
 
 def _name(hook: Any) -> str:
@@ -302,6 +327,8 @@ def _rest(run: RunPlan, group: Any) -> Any:
 def apply_model_wrapper(executor, *args, **kwargs):
     transformer_options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
     run: RunPlan | None = transformer_options.get(RUN_KEY)
+    if run is not None and run.compiled is not None:
+        return run.compiled.call(executor, args, kwargs, run.strengths(transformer_options.get("uuids", ())))
     call = None if run is None else run.call_for(transformer_options.get("uuids", ()))
     if call is None:
         return executor(*args, **kwargs)

@@ -20,6 +20,11 @@ as a scalar (no per-row multiply), and added in place (one fused ``addmm_`` for 
 A and B are used as loaded (no concatenated or pre-scaled copies) and cast per call when only the
 dtype differs, so the engine holds nothing beyond the LoRA file's own tensors on the CPU; a copy is
 kept only on another compute device (a GPU), where it must live anyway.
+
+Compiled form (``add_rows``, for hooks/compiled.py): no branch on strengths, every row computed::
+
+    RowFactors: every low-rank delta of the module side by side, R = the sum of their ranks
+    y + ((x (*) down_R) * (rows[chunk, hook_of_rank] * scale_of_rank)) (*) up_R
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowStrengths", "module_kind"]
+__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths", "module_kind"]
 
 _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
 _CONV_FN = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}
@@ -93,6 +98,20 @@ class LowRankDelta:
     @property
     def rank(self) -> int:
         return self.down.shape[0]
+
+
+@dataclass(frozen=True)
+class RowFactors:
+    """A module's low-rank deltas side by side, R = the sum of their ranks (``ModuleDeltas.add_rows``).
+
+    down (R, in[, k...]); up (R, out) for a Linear, (out, R, 1...) for a Conv; hook (R,): the hook
+    index of each rank; scale (R,): its delta's alpha / rank.
+    """
+
+    down: torch.Tensor
+    up: torch.Tensor
+    hook: torch.Tensor
+    scale: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -189,6 +208,40 @@ class ModuleDeltas:
             return down.to(dtype), up.to(dtype)
         return down, up
 
+    def row_factors(self, device: torch.device, dtype: torch.dtype) -> RowFactors | None:
+        """Every low-rank delta of this module side by side on ``device`` in ``dtype``, for ``add_rows``."""
+        if not self.low_rank:
+            return None
+        pairs = [self._factors(d, device, dtype) for d in self.low_rank]
+        hooks = [d.hook for d in self.low_rank for _ in range(d.rank)]
+        scales = [d.scale for d in self.low_rank for _ in range(d.rank)]
+        return RowFactors(torch.cat([down for down, _ in pairs]),
+                          torch.cat([up for _, up in pairs], 0 if self.kind == "linear" else 1),
+                          torch.tensor(hooks, device=device), torch.tensor(scales, device=device))
+
+    def add_rows(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
+                 factors: RowFactors) -> torch.Tensor:
+        """``y`` plus every low-rank delta on every row, scaled by its chunk's strength of the delta's hook.
+
+        ``rows``: a tensor (chunks, hooks); a chunk without a hook has strength 0 for it. Two products
+        for all the hooks together, out of place, no Python branch on a strength or a rank: one
+        compiled graph serves every strength, keyframe and set of LoRAs on the same modules (but a
+        new summed rank on a convolution with a kernel larger than 1x1, whose channels compile fixed).
+        """
+        per_chunk = _rows_per_chunk(x.shape[0], rows.shape[0])
+        per_rank = (rows[:, factors.hook] * factors.scale).to(x.dtype).repeat_interleave(per_chunk, dim=0)
+        down, up = factors.down.to(x.dtype), factors.up.to(x.dtype)
+        if self.kind == "linear":  # h (batch, ..., R)
+            h = F.linear(x, down)
+            return y + (h * per_rank.view(per_rank.shape[0], *([1] * (h.ndim - 2)), -1)) @ up
+        # convolutions as matmuls over the channels, so R stays a dynamic size where the down
+        # projection is pointwise (a compiled convolution fixes its channel counts)
+        if _pointwise(module):
+            h = down.flatten(1) @ x.flatten(2)  # (batch, R, positions)
+        else:
+            h = self._op(module, x, down, spatial=True).flatten(2)
+        return y + (up.flatten(1) @ (h * per_rank.unsqueeze(-1))).view(y.shape)
+
     def _replace(self, module: torch.nn.Module, delta: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                  start: int, stop: int, per_chunk: int, replaced: list[bool]) -> None:
         """Chunks [start, stop) recomputed with weight W + delta, each stretch of chunks not replaced
@@ -233,6 +286,13 @@ class ModuleDeltas:
             return _CONV_FN[self.kind](x, weight, bias, module.stride, module.padding, module.dilation,
                                        module.groups)
         return _CONV_FN[self.kind](x, weight, bias)
+
+
+def _pointwise(conv: torch.nn.Module) -> bool:
+    """A 1x1 (1, 1x1x1) convolution with stride 1: a matmul over the channels."""
+    padding = conv.padding
+    return (all(k == 1 for k in conv.kernel_size) and all(st == 1 for st in conv.stride)
+            and (isinstance(padding, str) or all(p == 0 for p in padding)))
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:

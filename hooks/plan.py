@@ -37,7 +37,7 @@ from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
 from .quantized import is_stored_quantized
 
 __all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
-           "load_hook_patches", "split_key"]
+           "dense_key", "load_hook_patches", "split_key"]
 
 # One hook's patches on one tensor: ((PatchKey, patch), ...), all with the same PatchKey.key.
 Parts = tuple[tuple["PatchKey", Any], ...]
@@ -201,7 +201,7 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
             pk = split_key(k)
             module = _module(model, pk.module_path)
             deltas = out.setdefault(module, _module_deltas(module))
-            if rounding == "loraloader" and _rounded_when_patched(comfy.utils.get_attr(model, pk.key)):
+            if _rounded(model, pk, rounding):
                 rounded.setdefault(pk.key, []).append((pk, v))
             elif _is_low_rank(pk, v, module):
                 up, down, alpha = v.weights[0], v.weights[1], v.weights[2]
@@ -216,6 +216,20 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
             fetch = _fetcher(dense_fetch, index, tuple(parts), True)
             deltas.dense.append(DenseDelta(index, fetch, pk.is_bias, linear=False, replace=not pk.is_bias))
     return out
+
+
+def dense_key(model: torch.nn.Module, hp: HookPatches, rounding: str = "compute") -> str | None:
+    """The first tensor that ``build_modules`` gives ``hp`` a dense delta on (not low-rank), or None."""
+    for k, v in hp.patches.items():
+        pk = split_key(k)
+        if _rounded(model, pk, rounding) or not _is_low_rank(pk, v, _module(model, pk.module_path)):
+            return pk.key
+    return None
+
+
+def _rounded(model: torch.nn.Module, pk: PatchKey, rounding: str) -> bool:
+    """Whether ``rounding`` makes the patched tensor a dense delta rounded like LoraLoader's."""
+    return rounding == "loraloader" and _rounded_when_patched(comfy.utils.get_attr(model, pk.key))
 
 
 def _rounded_when_patched(weight: torch.Tensor) -> bool:

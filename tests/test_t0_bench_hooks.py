@@ -12,7 +12,8 @@ pytestmark = pytest.mark.t0
 
 KEYS = {"patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "patchbay_rss_mb_over_plain",
         "lora_files_mb"}
-RUN = {"arch": "sd15-full", "device": "cpu", "steps": 10, "comfyui": "0.33.0", "memory": "peak_rss"}
+RUN = {"arch": "sd15-full", "device": "cpu", "steps": 10, "compile": False, "comfyui": "0.33.0",
+       "memory": "peak_rss"}
 SCENARIOS = {"positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun"}
 
 

@@ -55,6 +55,31 @@ def test_conv_low_rank_uses_the_modules_stride_and_padding(lr):
     torch.testing.assert_close(out[1], F.conv2d(x[1:], baked, conv.bias, 2, 1)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("module", [torch.nn.Linear(12, 10), torch.nn.Conv2d(12, 10, 1),
+                                    torch.nn.Conv2d(12, 10, 3, stride=2, padding=1)],
+                         ids=["linear", "conv1x1", "conv3x3"])
+def test_compiled_form_with_strengths_as_a_tensor_equals_the_eager_form(lr, module):
+    """add_rows (hooks/compiled.py's form: every row, ranks side by side, strengths from a tensor with
+    spare hook columns) gives what apply gives with the same strengths."""
+    g = _gen(5)
+    kind = lr.module_kind(module)
+    ones, kernel = (1,) * (module.weight.ndim - 2), tuple(module.weight.shape[2:])
+    x = torch.randn(6, 12, 7, 7, generator=g) if kernel else torch.randn(6, 5, 12, generator=g)  # 3 chunks
+    deltas = lr.ModuleDeltas(kind, tuple(module.weight.shape), [
+        lr.LowRankDelta(h, torch.randn(r, 12, *kernel, generator=g), torch.randn(10, r, *ones, generator=g),
+                        scale) for h, r, scale in ((0, 3, 0.5), (1, 2, 2.0))])
+    host = [[1.0, 0.0], [0.3, 0.7], [0.0, 0.0]]
+    with torch.no_grad():
+        y = module(x)
+        expected = deltas.apply(module, x, y.clone(), lr.RowStrengths(host))
+        rows = torch.zeros(3, 8)
+        rows[:, :2] = torch.tensor(host)
+        factors = deltas.row_factors(x.device, x.dtype)
+        assert factors.down.shape[0] == 5 and factors.hook.tolist() == [0, 0, 0, 1, 1]
+        out = deltas.add_rows(module, x, y, rows, factors)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["group_norm", "layer_norm"])
 def test_norm_weight_and_bias_deltas_equal_patched_norms(lr, kind):
     g = _gen(2)

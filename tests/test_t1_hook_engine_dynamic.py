@@ -128,19 +128,17 @@ def test_hooks_only_core_can_run_on_a_dynamic_model_are_refused_with_the_fix(rig
 
 
 def test_where_the_delegate_is_needed_it_keeps_patchbay_and_the_engine(rig):
-    """On a torch.compile'd model the engine leaves hooks to core, whose hook path needs the delegate;
-    the delegate then keeps Patchbay's patcher class, the engine and its wrappers."""
+    """On a model compiled through an object patch (not by TorchCompileModel) the engine leaves hooks to
+    core, whose hook path needs the delegate; the delegate then keeps Patchbay's patcher class, the
+    engine and its wrappers."""
     import comfy.model_patcher
     import comfy.samplers
     from comfy.patcher_extension import WrappersMP
 
     loads: list = []
     fast = dynamic_fast(rig, loads)
-    def passthrough(executor, *args, **kwargs):
-        return executor(*args, **kwargs)
-
-    fast.add_wrapper_with_key(WrappersMP.APPLY_MODEL, "torch.compile", passthrough)
-    # (the key of TorchCompileModel's wrapper: how the engine sees a compiled model)
+    fast.add_object_patch("diffusion_model", torch.compile(fast.get_model_object("diffusion_model")))
+    # (compiled lazily: nothing here calls it)
     assert not rig.he.hook_engine_of(fast).runs_hooks_on(fast)
     guider = comfy.samplers.CFGGuider(fast)
     guider.set_conds(*rig.hooked)
