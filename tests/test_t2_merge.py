@@ -110,12 +110,13 @@ def node_of(prompt: dict, class_type: str) -> str:
 
 def sdxl_block(key: str) -> str:
     """The block of an SDXL UNet key in LDM layout: input_blocks.N -> INnn, middle_block -> M00,
-    output_blocks.N -> OUTnn, the rest (time and label embeddings, out) -> BASE."""
+    output_blocks.N -> OUTnn, the final norm and conv (out) with the last block, OUT08; the time and
+    label embeddings -> BASE."""
     parts = key.split(".")
     prefix = {"input_blocks": "IN", "output_blocks": "OUT"}.get(parts[0])
     if prefix:
         return f"{prefix}{int(parts[1]):02d}"
-    return "M00" if parts[0] == "middle_block" else "BASE"
+    return {"middle_block": "M00", "out": "OUT08"}.get(parts[0], "BASE")
 
 
 def kohya_delta(lora: dict, key: str, shape) -> torch.Tensor | None:
