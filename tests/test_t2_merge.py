@@ -2,11 +2,13 @@
 an image, a re-run with a new sampler seed that runs no merge node, and a checkpoint streamed by Save
 Merge into the output folder with its recipe in the metadata; errors reach the user as one message.
 Two bundled workflows' files are checked tensor by tensor: a LoRA baked in per key pattern (into a MODEL
-of the graph) and per SDXL block (into a diffusion-model file), against the formula base + w * delta."""
+of the graph) and per SDXL block (into a diffusion-model file), against the formula base + w * delta; and
+Clear Merge Cache runs before the merge, as the first workflow's note says."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import devpaths
 import pytest
@@ -196,3 +198,21 @@ def test_the_key_patterns_workflow_bakes_the_lora_where_its_patterns_say(comfy_s
             torch.testing.assert_close(tensor, half, rtol=2**-10, atol=2**-13, msg=key)
         moved[part] += not torch.equal(tensor, base[key])
     assert all(moved.values()), f"keys the LoRA moved, per pattern: {moved}"
+
+
+def test_clear_merge_cache_in_the_key_patterns_workflow_runs_before_its_merge(comfy_server, object_info,
+                                                                              frontend_version):
+    """What its note says: Clear Merge Cache has no inputs, so ComfyUI runs it first in the queue (on an
+    emptied cache it frees nothing) and the merge's results stay in memory until the next queue."""
+    def cleared(entry: dict, nid: str) -> int:
+        (text,) = entry["outputs"][nid]["text"]
+        return int(re.match(r"merge cache cleared: (\d+) entries", text).group(1))
+
+    alone = {"c": {"class_type": "PatchbayMergeCacheClear", "inputs": {}}}
+    comfy_server.wait(comfy_server.queue(alone), timeout=120)
+    prompt = bundled_prompt("merge_lora_delta_key_patterns", object_info, frontend_version)
+    merge, clear = node_of(prompt, "PatchbayMerge"), node_of(prompt, "PatchbayMergeCacheClear")
+    prompt[merge]["inputs"]["merge_seed"] = 1234  # a new input: the Merge node runs again in this session
+    entry = comfy_server.wait(comfy_server.queue(prompt), timeout=600)
+    assert comfy_server.output_files(entry) and cleared(entry, clear) == 0
+    assert cleared(comfy_server.wait(comfy_server.queue(alone), timeout=120), "c") > 0
