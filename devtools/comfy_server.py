@@ -197,6 +197,7 @@ class ComfyServer:
         paths = {
             "checkpoints": models / "checkpoints",
             "loras": models / "loras",
+            "diffusion_models": models / "diffusion_models",
             "controlnet": models / "controlnet",
             "custom_nodes": custom_nodes,
         }

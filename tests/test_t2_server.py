@@ -12,6 +12,7 @@ import ast
 import json
 import re
 import urllib.request
+from pathlib import Path
 
 import devpaths
 import pytest
@@ -84,19 +85,34 @@ def test_template_browser_lists_the_bundled_workflows(comfy_server):
             assert response.read(3) == b"\xff\xd8\xff", f"{path.stem}.jpg is not a JPEG"
 
 
+def saved_merges(comfy_server, prompt: dict, entry: dict) -> list[Path]:
+    """The files the Save Merge nodes of ``prompt`` wrote: each node's text names its file, which lies in
+    the folder of its ``filename`` under the output folder."""
+    return [comfy_server.output_dir / Path(node["inputs"]["filename"]).parent
+            / entry["outputs"][nid]["text"][0].split(":")[0]
+            for nid, node in prompt.items() if node["class_type"] == "PatchbayMergeSave"]
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_bundled_workflow_runs_and_writes_images(comfy_server, object_info, frontend_version, path):
+def test_bundled_workflow_runs_and_writes_its_images_or_merges(comfy_server, object_info, frontend_version,
+                                                                path):
+    """A workflow saves images (PNG, not one flat colour) or merged checkpoints (safetensors with keys);
+    a merge of UNet-only files (SDXL, Flux here: no text encoder to sample with) saves only the file."""
     from PIL import Image
+    from safetensors import safe_open
 
     prompt = workflow_to_prompt(json.loads(path.read_text()), object_info, frontend=frontend_version)
-    result = comfy_server.run(prompt, timeout=300)
-    assert result.ok, result.error
-    assert result.outputs, f"{path.stem} saved no image"
-    for image_path in result.outputs:
+    entry = comfy_server.wait(comfy_server.queue(prompt), timeout=300)
+    images, merges = comfy_server.output_files(entry), saved_merges(comfy_server, prompt, entry)
+    assert images or merges, f"{path.stem} saved no image and no merge"
+    for image_path in images:
         assert image_path.read_bytes()[:8] == PNG_SIGNATURE, f"{image_path} is not a PNG"
         with Image.open(image_path) as image:
             extrema = image.convert("RGB").getextrema()
         assert any(low != high for low, high in extrema), f"{image_path} is a single colour {extrema}"
+    for merge_path in merges:
+        with safe_open(str(merge_path), "pt") as handle:
+            assert list(handle.keys()) and "patchbay.recipe" in handle.metadata(), merge_path
 
 
 def test_execution_error_carries_comfyui_message(comfy_server):
