@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `make test`: every test tier on the first ComfyUI version given, t1-t3 on the others (t0 imports no
-# ComfyUI, so it runs once), side by side when the machine has a core for each.
+# ComfyUI, so it runs once), side by side when the machine has a core and 16 GB of RAM for each.
 #
 #   1. serial setup: each version's environment (devtools/env.sh --browser), ruff once, the tiny
 #      models (generated once into .cache/models, then reused by every version)
 #   2. pytest per version: the first in the foreground (its output live); the others at the same time
 #      into .cache/test-logs/pytest-<version>.log, printed whole when the first is done. With N
 #      versions on C cores, each gets max(1, C / N) torch threads (OMP_NUM_THREADS), so they do not
-#      oversubscribe the cores; PATCHBAY_TEST_JOBS=1 runs them one after another instead, as before.
+#      oversubscribe the cores. On a smaller machine (or PATCHBAY_TEST_JOBS=1) they run one after
+#      another; PATCHBAY_TEST_JOBS=2 forces them side by side.
 #   3. a summary line per version; the exit status is 1 if any version failed, naming it.
 #
 # Usage: devtools/test_versions.sh VERSION [VERSION ...]   (PYTEST_ARGS: more pytest arguments)
@@ -16,7 +17,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -ge 1 ] || { echo "usage: devtools/test_versions.sh VERSION [VERSION ...]" >&2; exit 2; }
 versions=("$@")
 cores=$(nproc)
-jobs=${PATCHBAY_TEST_JOBS:-$cores}
+# One version's pytest peaks near 10 GB (in-process ComfyUI with every tiny model, next to a T2/T3
+# server and Chromium): side by side needs 16 GB of RAM per version, or the two thrash the page cache.
+mem_gb=$(awk '/^MemTotal:/ { print int($2 / 1048576) }' /proc/meminfo 2>/dev/null || echo 0)
+by_mem=$(( mem_gb / 16 )); [ "$by_mem" -ge 1 ] || by_mem=1
+jobs=${PATCHBAY_TEST_JOBS:-$(( cores < by_mem ? cores : by_mem ))}
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "PATCHBAY_TEST_JOBS=$jobs: give a positive integer" >&2; exit 2; }
 read -r -a pytest_args <<< "${PYTEST_ARGS:-}"
 
