@@ -1,9 +1,8 @@
 # Every target sets up what it needs: devtools/env.sh builds (once) or reuses the cached Python 3.11
 # environment of one ComfyUI version, and tiny models (shared by all versions) are generated on first use.
 # COMFYUI picks the version: `make test` runs every tier on the first of TESTED_COMFYUI and t1-t3 on
-# the others, side by side on a machine with a core and 16 GB for each (devtools/test_versions.sh;
-# t0 imports no
-# ComfyUI: it cannot differ), `make test COMFYUI=0.33` every tier on that one; the other targets use
+# the others, side by side on a machine with a core and 16 GB for each, else in turn
+# (devtools/test_versions.sh; t0 imports no ComfyUI: it cannot differ), `make test COMFYUI=0.33` every tier on that one; the other targets use
 # one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
