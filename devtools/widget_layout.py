@@ -62,6 +62,10 @@ EXTENSION_WIDGETS: dict[str, tuple[tuple[Widget, ...], tuple[Widget, ...]]] = {
     # web/js/recipe_text.js: the recipe shown in the node (saved with the workflow, never queued)
     "PatchbayMergeRecipeToText": ((Widget("recipe_text", "patchbay_recipe_text", api=False, default=""),),
                                   (Widget("recipe_text", "patchbay_recipe_text", api=False, default=""),)),
+    # web/js/merge_reports.js: the report a save / extract / cache node returns, shown in the node
+    **{node: ((Widget("report", "patchbay_merge_report", api=False, default=""),),
+              (Widget("report", "patchbay_merge_report", api=False, default=""),))
+       for node in ("PatchbayMergeSave", "PatchbayMergeExtractLora", "PatchbayMergeCacheClear")},
 }
 
 
