@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import merge_runtime
-from .merge_outputs import _COMMON, RECIPE
+from .merge_outputs import _CACHE_MB, _COMMON, RECIPE
 
 if TYPE_CHECKING:
     from comfy.hooks import HookGroup, HookKeyframeGroup
@@ -47,7 +47,7 @@ class PatchbayRecipeHook:
             },
         }
 
-    def create(self, recipe: Any, strength_model: float = 1.0, merge_seed: int = 0, cache_mb: int = 4096,
+    def create(self, recipe: Any, strength_model: float = 1.0, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
                base: Any = None, prev_hooks: HookGroup | None = None,
                hook_kf: HookKeyframeGroup | None = None) -> tuple:
         return (merge_runtime.recipe_hook(recipe, base, strength_model, keyframes=hook_kf, prev=prev_hooks,

@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 
 RECIPE = "PATCHBAY_RECIPE"
 CATEGORY = "Patchbay/merge"
+_CACHE_MB = merge_runtime.DEFAULT_CACHE_MB
 _COMMON = {
     "merge_seed": ("INT", {"default": 0, "min": 0, "max": 2**32 - 1,
                            "tooltip": "Seed of the random methods (dropout, DARE, randomised SVD); the same "
                                       "seed gives the same merge."}),
-    "cache_mb": ("INT", {"default": 4096, "min": 0, "max": 1 << 20, "step": 256,
+    "cache_mb": ("INT", {"default": _CACHE_MB, "min": 0, "max": 1 << 20, "step": 256,
                          "tooltip": "Memory for merge results kept across runs (a changed parameter "
                                     "recomputes only what depends on it); 0 = no cache (and empty it)."}),
     "shape_policy": (list(SHAPE_POLICIES), {"tooltip": "Inputs of different shapes (inpainting conv_in): "
@@ -54,8 +55,8 @@ class PatchbayMerge:
         tip = "The recipe to run (a method node, recipe text)."
         return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON}}
 
-    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = 4096, shape_policy: str = "overlap",
-              missing_policy: str = "first") -> tuple:
+    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
+              shape_policy: str = "overlap", missing_policy: str = "first") -> tuple:
         fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy)
         return merge_runtime.merge_models(recipe, **fields)
 
@@ -85,7 +86,7 @@ class PatchbayMergeSave:
         }}
 
     def save(self, recipe: Any, filename: str, if_exists: str = "number", dtype: str = "fp16",
-             merge_seed: int = 0, cache_mb: int = 4096, shape_policy: str = "overlap",
+             merge_seed: int = 0, cache_mb: int = _CACHE_MB, shape_policy: str = "overlap",
              missing_policy: str = "first") -> dict:
         path, report = merge_runtime.save_merge(recipe, filename, if_exists, dtype=dtype,
                                                 **_fields(merge_seed, cache_mb, shape_policy, missing_policy))

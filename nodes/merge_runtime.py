@@ -35,7 +35,12 @@ if TYPE_CHECKING:
     from ..merge.session import MergeSession
 
 UNET = "model.diffusion_model."
-CACHE = MergeCache(budget_mb=4096)
+# The default budget of the nodes' cache_mb. The cache keeps fp32 copies of merged tensors next to the
+# merged model itself: an SD1.5 checkpoint merged is about 4.3 GB in fp32, so the earlier 4096 doubled
+# a merge's memory on a 16 GB machine (and held a live ComfyUI at 9 GB running the bundled workflows on
+# tiny models, 4.8 GB at 1024). Raise it on the node to re-run large merges faster.
+DEFAULT_CACHE_MB = 1024
+CACHE = MergeCache(budget_mb=DEFAULT_CACHE_MB)
 
 
 class MergeBuildError(ValueError):
