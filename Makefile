@@ -1,9 +1,9 @@
 # Every target sets up what it needs: devtools/env.sh builds (once) or reuses the cached Python 3.11
 # environment of one ComfyUI version, and tiny models (shared by all versions) are generated on first use.
 # COMFYUI picks the version: `make test` runs every tier on the first of TESTED_COMFYUI and t1-t3 on
-# the others, side by side on a machine with a core and 16 GB for each, else in turn
-# (devtools/test_versions.sh; t0 imports no ComfyUI: it cannot differ), `make test COMFYUI=0.33` every tier on that one; the other targets use
-# one version, DEFAULT_COMFYUI unless told.
+# the others (t0 imports no ComfyUI: it cannot differ), and ends with each tier's time and peak memory
+# (devtools/test_versions.sh); `make test COMFYUI=0.33` runs every tier on that one; the other targets
+# use one version, DEFAULT_COMFYUI unless told.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 .PHONY: help demo run test test-gpu lint models workflows env clean bench-hooks bench-merge bench-merge-nodes
@@ -21,7 +21,7 @@ help:
 	@echo "make demo    run every bundled workflow on a real ComfyUI (CPU, tiny models) and print a table"
 	@echo "make run     start that ComfyUI with Patchbay loaded and leave it running; prints the URL"
 	@echo "make test    run every test tier (t0 pure, t1 in-process, t2 live server, t3 real frontend)"
-	@echo "             on ComfyUI $(TESTED_COMFYUI), side by side given the RAM; COMFYUI=0.33 (or 0.3.75) runs one version"
+	@echo "             on ComfyUI $(TESTED_COMFYUI), then a table of times and peak memory; COMFYUI=0.33 runs one version"
 	@echo "             COMFYUI=... also picks the version for demo, run, models, workflows (default $(DEFAULT_COMFYUI))"
 	@echo "make test-gpu  the tests marked gpu (dynamic VRAM with comfy-aimdo) on a CUDA machine; ComfyUI 0.33"
 	@echo "make lint    ruff over the repo"

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # `make test`: every test tier on the first ComfyUI version given, t1-t3 on the others (t0 imports no
-# ComfyUI, so it runs once), side by side when the machine has a core and 16 GB of RAM for each.
+# ComfyUI, so it runs once, as do the tests marked ``once``, which say why), in two phases:
 #
 #   1. serial setup: each version's environment (devtools/env.sh --browser), ruff once, the tiny
 #      models (generated once into .cache/models, then reused by every version)
-#   2. pytest per version: the first in the foreground (its output live); the others at the same time
-#      into .cache/test-logs/pytest-<version>.log, printed whole when the first is done. With N
-#      versions on C cores, each gets max(1, C / N) torch threads (OMP_NUM_THREADS), so they do not
-#      oversubscribe the cores. On a smaller machine (or PATCHBAY_TEST_JOBS=1) they run one after
-#      another; PATCHBAY_TEST_JOBS=2 forces them side by side.
-#   3. a summary line per version; the exit status is 1 if any version failed, naming it.
+#   2. in-process phase: t0 + t1 of the first version and t1 of the others, one pytest each. Side by
+#      side only on a machine with two cores and 16 GB of RAM per version (each then gets
+#      cores / versions torch threads; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by side): one
+#      version's T1 peaks near 9 GB (the tiny Flux and a LoRA-patched copy of it), and on a 2-core
+#      24 GB machine side by side took longer than in turn (12.4 GB, 954 s against about 800 s). The
+#      first version's output is shown live, the others' after it (.cache/test-logs/<version>-t1.log).
+#      Inductor's compiled kernels are cached beside the environments (~/.cache/patchbay/inductor),
+#      as compiling them is a build step (the compile tests take ~100 s more per version without it).
+#   3. server phase: t2 + t3 of each version in turn, with every core (a ComfyUI server, Chromium and
+#      the tests: the largest memory of the run, never doubled).
+#   4. a summary line per version, then a table of each tier's seconds and peak memory and the whole
+#      run's (devtools/memwatch.py samples every process the run starts; tests/conftest.py names the
+#      running tier); the exit status is 1 if any version failed, naming it.
 #
 # Usage: devtools/test_versions.sh VERSION [VERSION ...]   (PYTEST_ARGS: more pytest arguments)
 set -uo pipefail
@@ -17,11 +24,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ $# -ge 1 ] || { echo "usage: devtools/test_versions.sh VERSION [VERSION ...]" >&2; exit 2; }
 versions=("$@")
 cores=$(nproc)
-# One version's pytest peaks near 10 GB (in-process ComfyUI with every tiny model, next to a T2/T3
-# server and Chromium): side by side needs 16 GB of RAM per version, or the two thrash the page cache.
 mem_gb=$(awk '/^MemTotal:/ { print int($2 / 1048576) }' /proc/meminfo 2>/dev/null || echo 0)
-by_mem=$(( mem_gb / 16 )); [ "$by_mem" -ge 1 ] || by_mem=1
-jobs=${PATCHBAY_TEST_JOBS:-$(( cores < by_mem ? cores : by_mem ))}
+by_mem=$(( mem_gb / 16 )); by_cores=$(( cores / 2 ))
+fit=$(( by_cores < by_mem ? by_cores : by_mem )); [ "$fit" -ge 1 ] || fit=1
+jobs=${PATCHBAY_TEST_JOBS:-$fit}
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "PATCHBAY_TEST_JOBS=$jobs: give a positive integer" >&2; exit 2; }
 read -r -a pytest_args <<< "${PYTEST_ARGS:-}"
 
@@ -31,61 +37,84 @@ for version in "${versions[@]}"; do
         || { echo "make test: no environment for ComfyUI $version (see above)"; exit 1; }
 done
 first="${versions[0]}"
+logs=".cache/test-logs"
+labels="$logs/memory-labels"
+rm -rf "$labels" "$logs"/report-*.json "$logs/memory.json"
+mkdir -p "$labels"
+start_all=$SECONDS
+"${env_dir[$first]}/venv/bin/python" devtools/memwatch.py --pid $$ --labels "$labels" --out "$logs/memory.json" &
+watcher=$!
 "${env_dir[$first]}/venv/bin/python" -m ruff check . || { echo "make test: ruff found problems"; exit 1; }
 for version in "${versions[@]}"; do
+    echo "models $version" > "$labels/models"
     PATCHBAY_COMFYUI="${env_dir[$version]}/comfyui" "${env_dir[$version]}/venv/bin/python" \
         devtools/tiny_models.py || { echo "make test: tiny models failed on ComfyUI $version"; exit 1; }
 done
+rm -f "$labels/models"
 
-run_pytest() {  # $1 version, $2 tiers ("" = all); pytest's exit status
-    local dir="${env_dir[$1]}"
-    PATCHBAY_TIERS="$2" PATCHBAY_COMFYUI="$dir/comfyui" "$dir/venv/bin/python" -m pytest "${pytest_args[@]}"
+declare -A status seconds
+run_pytest() {  # $1 version, $2 phase name, $3 tiers; records status and seconds, returns the status
+    local dir="${env_dir[$1]}" began=$SECONDS
+    local once=""; [ "$1" = "$first" ] || once=1  # tests marked once: the first version only
+    PATCHBAY_ONCE_DONE="$once" PATCHBAY_TIERS="$3" PATCHBAY_COMFYUI="$dir/comfyui" \
+        PATCHBAY_MEM_LABEL="$labels/$1-$2" PATCHBAY_TEST_REPORT="$logs/report-$1-$2.json" \
+        "$dir/venv/bin/python" -m pytest "${pytest_args[@]}"
+    local rc=$?
+    [ "$rc" = 5 ] && { echo "(no test of tiers $3 selected on ComfyUI $1)"; rc=0; }  # PYTEST_ARGS chose others
+    rm -f "$labels/$1-$2"
+    echo "$rc $(( SECONDS - began ))" > "$logs/result-$1-$2"
+    return $rc
 }
+record() {  # $1 version, $2 phase: fold the phase's result into the version's
+    local rc secs
+    read -r rc secs < "$logs/result-$1-$2" 2>/dev/null || { rc=1; secs="?"; }
+    [ "$rc" = 0 ] || status[$1]=$rc
+    seconds[$1]=$(( ${seconds[$1]:-0} + ${secs//\?/0} ))
+}
+in_process_tiers() { [ "$1" = "$first" ] && echo "t0 t1" || echo "t1"; }
 
-parallel=0
-if [ "${#versions[@]}" -gt 1 ] && [ "$jobs" -gt 1 ]; then
-    parallel=1
+rm -f "$logs"/result-*
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${PATCHBAY_CACHE:-$HOME/.cache/patchbay}/inductor}"
+if [ "$jobs" -gt 1 ] && [ "${#versions[@]}" -gt 1 ]; then
     threads=$(( cores / ${#versions[@]} )); [ "$threads" -ge 1 ] || threads=1
-    export OMP_NUM_THREADS=$threads
-fi
-logs=".cache/test-logs"
-mkdir -p "$logs"
-declare -A pid status seconds
-start_all=$SECONDS
-for i in "${!versions[@]}"; do
-    version="${versions[$i]}"
-    tiers=""; [ "$i" -eq 0 ] || tiers="t1 t2 t3"
-    if [ "$parallel" = 1 ] && [ "$i" -gt 0 ]; then
-        echo "=== make test on ComfyUI $version: tiers $tiers, in the background ($OMP_NUM_THREADS torch" \
-             "thread(s)), output in $logs/pytest-$version.log ==="
-        rm -f "$logs/rc-$version" "$logs/seconds-$version"
-        ( began=$SECONDS; run_pytest "$version" "$tiers" > "$logs/pytest-$version.log" 2>&1
-          echo $? > "$logs/rc-$version"; echo $(( SECONDS - began )) > "$logs/seconds-$version" ) &
+    declare -A pid
+    for version in "${versions[@]:1}"; do
+        echo "=== ComfyUI $version: tiers $(in_process_tiers "$version") in the background ($threads torch" \
+             "thread(s)), output in $logs/$version-t1.log ==="
+        ( OMP_NUM_THREADS=$threads run_pytest "$version" t1 "$(in_process_tiers "$version")" \
+            > "$logs/$version-t1.log" 2>&1 ) &
         pid[$version]=$!
-    fi
-done
-for i in "${!versions[@]}"; do
-    version="${versions[$i]}"
-    tiers=""; [ "$i" -eq 0 ] || tiers="t1 t2 t3"
-    if [ "$parallel" = 1 ] && [ "$i" -gt 0 ]; then
+    done
+    echo "=== ComfyUI $first: tiers $(in_process_tiers "$first") ($threads torch thread(s)) ==="
+    OMP_NUM_THREADS=$threads run_pytest "$first" t1 "$(in_process_tiers "$first")"
+    for version in "${versions[@]:1}"; do
         wait "${pid[$version]}"
-        echo "=== make test on ComfyUI $version: tiers $tiers (its output, run alongside) ==="
-        cat "$logs/pytest-$version.log"
-        status[$version]=$(cat "$logs/rc-$version" 2>/dev/null || echo 1)
-        seconds[$version]=$(cat "$logs/seconds-$version" 2>/dev/null || echo "?")
-    else
-        echo "=== make test on ComfyUI $version: tiers ${tiers:-t0 t1 t2 t3}${OMP_NUM_THREADS:+ ($OMP_NUM_THREADS torch thread(s))} ==="
-        began=$SECONDS
-        run_pytest "$version" "$tiers"
-        status[$version]=$?
-        seconds[$version]=$(( SECONDS - began ))
-    fi
+        echo "=== ComfyUI $version: tiers $(in_process_tiers "$version") (its output, run alongside) ==="
+        cat "$logs/$version-t1.log"
+    done
+else
+    for version in "${versions[@]}"; do
+        echo "=== ComfyUI $version: tiers $(in_process_tiers "$version") ==="
+        run_pytest "$version" t1 "$(in_process_tiers "$version")"
+    done
+fi
+for version in "${versions[@]}"; do record "$version" t1; done
+for version in "${versions[@]}"; do
+    echo "=== ComfyUI $version: tiers t2 t3 (a live server and the frontend) ==="
+    run_pytest "$version" t2 "t2 t3"
+    record "$version" t2
 done
+
 failed=""
 for version in "${versions[@]}"; do
-    result=passed; [ "${status[$version]}" = 0 ] || { result="FAILED (pytest exit ${status[$version]})"; failed="$failed $version"; }
-    echo "=== ComfyUI $version: $result in ${seconds[$version]} s ==="
+    result=passed; [ -z "${status[$version]:-}" ] || { result="FAILED (pytest exit ${status[$version]})"; failed="$failed $version"; }
+    echo "=== ComfyUI $version: $result in ${seconds[$version]} s of pytest ==="
 done
-echo "=== tests took $(( SECONDS - start_all )) s$([ "$parallel" = 1 ] && echo ", versions side by side") ==="
+echo "=== make test took $(( SECONDS - start_all )) s (tiny models included)$([ "$jobs" -gt 1 ] \
+    && echo "; t1 of the versions side by side") ==="
+kill -TERM "$watcher" 2>/dev/null; wait "$watcher"
+echo "=== time and peak memory of each tier and of the whole run ==="
+"${env_dir[$first]}/venv/bin/python" devtools/memwatch.py --seconds $(( SECONDS - start_all )) \
+    --summarize "$logs/memory.json" "$logs"/report-*.json || echo "(no memory report: see $logs)"
 if [ -n "$failed" ]; then echo "make test: FAILED on ComfyUI$failed (see above)"; exit 1; fi
 echo "make test: passed on ComfyUI ${versions[*]}"

@@ -12,6 +12,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
+import json
 import os
 import sys
 import types
@@ -63,6 +67,36 @@ def comfy(models, tmp_path_factory):
     return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _memory_back_after_each_module():
+    """After each test module: the models it loaded are freed and their memory goes back to the system.
+
+    Module fixtures hold a module's models (torn down before this fixture, which is set up first);
+    ``arch_sampling.shared_model`` keeps the tiny Flux (2.3 GB in fp32) and SDXL loaded for the tests
+    that only clone them, and the Merge node's process-wide cache keeps up to ``cache_mb`` of merge
+    results: both are emptied here, so the next module that needs them loads them again (seconds)
+    instead of the whole session, servers and browser included, running beside them. glibc keeps
+    freed tensor memory in the heap for the process to reuse (about 1 GB per loaded checkpoint, never
+    given back: one version's T1 grew to 12 GB); ``malloc_trim`` returns it. Measured on T1: 6.8 GB
+    held after the merge-hook module, 3.4 GB after gc and malloc_trim, 1.0 GB with the shared models
+    freed.
+    """
+    yield
+    arch_sampling = sys.modules.get("arch_sampling")
+    if arch_sampling is not None:
+        arch_sampling.shared_model.cache_clear()
+    for name, module in list(sys.modules.items()):
+        if name.endswith(".nodes.merge_runtime") and hasattr(module, "CACHE"):
+            module.CACHE.clear()
+    gc.collect()
+    _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 @pytest.fixture(scope="session")
 def weights_digest():
     """sha256 over a patcher's model state dict (names and raw bytes): equal means byte-identical."""
@@ -84,6 +118,8 @@ def weights_digest():
 
 TIERS = ("t0", "t1", "t2", "t3")
 _tier_outcomes: dict[str, dict[str, int]] = {tier: {} for tier in TIERS}
+_tier_seconds: dict[str, float] = {tier: 0.0 for tier in TIERS}
+_current_tier: list[str] = []
 
 
 def _selected_tiers() -> tuple[str, ...]:
@@ -113,24 +149,49 @@ def pytest_collection_modifyitems(config, items):
     gpu = [item for item in items if item.get_closest_marker("gpu") and item not in left_out]
     if gpu and not _has_cuda():
         left_out += gpu
+    # Tests marked once give the same answer on every ComfyUI version (their docstring says why);
+    # `make test` sets PATCHBAY_ONCE_DONE for the versions after the first.
+    if os.environ.get("PATCHBAY_ONCE_DONE"):
+        left_out += [item for item in items if item.get_closest_marker("once") and item not in left_out]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
 
 
+def _tier_of(keywords) -> str | None:
+    return next((tier for tier in TIERS if tier in keywords), None)
+
+
+def pytest_runtest_setup(item):
+    """Name the running tier in $PATCHBAY_MEM_LABEL's file, so devtools/memwatch.py (which `make test`
+    runs beside the tests) attributes the memory it samples to this version and tier."""
+    tier = _tier_of(item.keywords)
+    label_file = os.environ.get("PATCHBAY_MEM_LABEL")
+    if tier and label_file and _current_tier != [tier]:
+        _current_tier[:] = [tier]
+        Path(label_file).write_text(f"{_comfyui_version_or_none()} {tier}")
+
+
 def pytest_runtest_logreport(report):
+    tier = _tier_of(report.keywords)
+    if tier is None:
+        return
+    _tier_seconds[tier] += report.duration
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        for tier in TIERS:
-            if tier in report.keywords:
-                counts = _tier_outcomes[tier]
-                counts[report.outcome] = counts.get(report.outcome, 0) + 1
+        counts = _tier_outcomes[tier]
+        counts[report.outcome] = counts.get(report.outcome, 0) + 1
+
+
+def _comfyui_version_or_none() -> str:
+    try:
+        return devpaths.comfyui_version()
+    except RuntimeError:  # T0 runs without a ComfyUI (PATCHBAY_COMFYUI unset)
+        return "none"
 
 
 def _comfyui_label() -> str:
-    try:
-        return f"ComfyUI {devpaths.comfyui_version()}"
-    except RuntimeError:  # T0 runs without a ComfyUI (PATCHBAY_COMFYUI unset)
-        return "no ComfyUI"
+    version = _comfyui_version_or_none()
+    return "no ComfyUI" if version == "none" else f"ComfyUI {version}"
 
 
 def pytest_report_header(config):
@@ -143,6 +204,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for tier, c in _tier_outcomes.items()
     )
     terminalreporter.write_line(f"tiers on {_comfyui_label()} -> {line}")
+    ran = {tier: seconds for tier, seconds in _tier_seconds.items() if _tier_outcomes[tier]}
+    terminalreporter.write_line("tier seconds (setup, call and teardown of its tests) -> "
+                                + (", ".join(f"{t}: {s:.0f}" for t, s in ran.items()) or "none"))
+    report = os.environ.get("PATCHBAY_TEST_REPORT")
+    if report:  # read by devtools/test_versions.sh for its summary table
+        Path(report).write_text(json.dumps({"version": _comfyui_version_or_none(), "exit": int(exitstatus),
+                                            "tiers": {t: {"seconds": round(s, 1), **_tier_outcomes[t]}
+                                                      for t, s in ran.items()}}))
 
 
 def pytest_sessionfinish(session, exitstatus):
