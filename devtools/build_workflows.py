@@ -343,7 +343,7 @@ def graph_thumbnail(server: ComfyServer, frontend: Frontend, name: str, target: 
     """The template browser's picture as the graph after a run: queue the loaded graph in the frontend,
     wait until the server has run it (its images and texts then show in their nodes), screenshot it."""
     try:
-        server.wait(frontend.queue_graph(), timeout=600)
+        server.wait(frontend.queue_graph())
         return thumbnail(frontend, target)
     except RuntimeError as err:  # ExecutionError, ComfyServerError, FrontendError
         raise BuildError(f"{name}: running it in the frontend for its thumbnail failed: {err}") from err
@@ -360,7 +360,7 @@ def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], tar
     prefix = str(source[nid]["inputs"].get("filename_prefix", ""))
     prompt = {key: {"class_type": node["class_type"], "inputs": node["inputs"]}
               for key, node in source.items() if node["class_type"] not in FRONTEND_ONLY_TYPES}
-    result = server.run(prompt, timeout=600)
+    result = server.run(prompt)
     if not result.ok:
         raise BuildError(f"{name}: running it for its thumbnail failed: {result.error}")
     saved = [path for path in result.outputs if path.name.startswith(Path(prefix).name + "_")]

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import devpaths
+from progress import STALL_SECONDS, Activity
 
 __all__ = ["ComfyServer", "ComfyServerError", "ExecutionError", "HTTPStatusError", "RunResult", "free_port",
            "plain_log"]
@@ -87,7 +88,7 @@ class ComfyServer:
         port: TCP port on 127.0.0.1 (default: a free one).
         log_path: file that receives ComfyUI's stdout and stderr (default: in the temp folder,
             removed on exit; pass a path to keep it).
-        startup_timeout: seconds to wait for the HTTP API before giving up.
+        startup_stall: while starting, seconds without progress (``progress.Activity``) before giving up.
         api_nodes: load ComfyUI's paid API nodes (off: faster start, and the frontend stays offline).
         settings: frontend settings for the (fresh) default user, e.g. ``frontend.HEADLESS_SETTINGS``.
         extra_args: more ``main.py`` arguments.
@@ -102,7 +103,7 @@ class ComfyServer:
         *,
         port: int | None = None,
         log_path: Path | None = None,
-        startup_timeout: float = 300.0,
+        startup_stall: float = STALL_SECONDS,
         api_nodes: bool = False,
         settings: dict[str, Any] | None = None,
         extra_args: tuple[str, ...] = (),
@@ -112,7 +113,7 @@ class ComfyServer:
         self.output_dir = Path(output_dir or devpaths.output_dir()).resolve()
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.startup_timeout = startup_timeout
+        self.startup_stall = startup_stall
         self.client_id = uuid.uuid4().hex
         self._requested_log = log_path
         self._log_path: Path | None = None
@@ -205,7 +206,7 @@ class ComfyServer:
         return "patchbay:\n" + "".join(f"  {key}: {json.dumps(str(p))}\n" for key, p in paths.items())
 
     def _wait_until_up(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
+        activity = Activity(self._proc.pid)
         while True:
             if self._proc.poll() is not None:
                 raise ComfyServerError(
@@ -215,10 +216,10 @@ class ComfyServer:
             with contextlib.suppress(OSError, ComfyServerError):
                 self._request("GET", "/api/system_stats", timeout=2)
                 return
-            if time.monotonic() > deadline:
+            if activity.idle_for() > self.startup_stall:
                 raise ComfyServerError(
-                    f"ComfyUI did not answer at {self.url} within {self.startup_timeout:.0f} s; raise "
-                    f"startup_timeout if this machine is slow.\n{self.log_tail()}\nFull log: {self.log_path}"
+                    f"ComfyUI did not answer at {self.url} and made no progress for {self.startup_stall:.0f} "
+                    f"s while starting.\n{self.log_tail()}\nFull log: {self.log_path}"
                 )
             time.sleep(0.25)
 
@@ -309,28 +310,45 @@ class ComfyServer:
         except HTTPStatusError as err:
             raise ExecutionError(f"ComfyUI refused the prompt: {_refusal_text(err.body)}") from err
 
-    def wait(self, prompt_id: str, timeout: float = 600.0) -> dict[str, Any]:
-        """Wait for ``prompt_id`` to finish; return its ``/history`` entry, or raise ExecutionError."""
-        deadline = time.monotonic() + timeout
+    def wait(self, prompt_id: str, stall: float = STALL_SECONDS) -> dict[str, Any]:
+        """Wait for ``prompt_id`` to finish; return its ``/history`` entry, or raise ExecutionError.
+
+        No wall-clock limit: the wait ends when the prompt ends, when the server dies, or when the
+        server's processes make no progress (``progress.Activity``) for ``stall`` seconds, so a machine
+        slowed by other work makes it longer but never fails it, and a hung server fails it.
+        """
+        activity = Activity(self._proc.pid if self._proc else 0, window=min(2.0, stall / 4))
         while True:
-            entry = self._request("GET", f"/api/history/{prompt_id}").get(prompt_id)
+            entry = self._history_entry(prompt_id)
             if entry is not None and entry.get("status", {}).get("completed") is not None:
                 _raise_if_failed(prompt_id, entry)
                 return entry
             if not self.running:
                 raise ComfyServerError(f"ComfyUI died while running prompt {prompt_id}.\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise ComfyServerError(f"prompt {prompt_id} did not finish within {timeout:.0f} s; "
-                                       f"pass a larger timeout or check {self.log_path}")
-            time.sleep(0.1)
+            if activity.idle_for() > stall:
+                raise ComfyServerError(
+                    f"prompt {prompt_id} made no progress for {stall:.0f} s: ComfyUI used next to no CPU "
+                    f"time, read nothing from disk and faulted in no page (hung?).\n{self.log_tail()}\n"
+                    f"Full log: {self.log_path}")
+            time.sleep(0.2)
 
-    def run(self, prompt: dict[str, Any], timeout: float = 600.0) -> RunResult:
+    def _history_entry(self, prompt_id: str) -> dict[str, Any] | None:
+        """The prompt's ``/history`` entry; None while it runs, or while a busy server is slow to answer
+        (the caller's progress check, not this request, decides when waiting is over)."""
+        try:
+            return self._request("GET", f"/api/history/{prompt_id}").get(prompt_id)
+        except (TimeoutError, urllib.error.URLError) as err:
+            if isinstance(err, urllib.error.HTTPError):
+                raise
+            return None
+
+    def run(self, prompt: dict[str, Any], stall: float = STALL_SECONDS) -> RunResult:
         """Queue, wait and collect the written files; errors become ``ok=False`` with ComfyUI's message."""
         started = time.monotonic()
         prompt_id = None
         try:
             prompt_id = self.queue(prompt)
-            entry = self.wait(prompt_id, timeout)
+            entry = self.wait(prompt_id, stall)
         except ComfyServerError as err:
             return RunResult(time.monotonic() - started, [], False, str(err), prompt_id)
         seconds = _execution_seconds(entry) or time.monotonic() - started

@@ -32,7 +32,7 @@ def screenshot(name: str, target: Path) -> Path:
         frontend.load_workflow(workflow, name)
         if errors := frontend.error_messages():
             raise RuntimeError(f"{name}: the frontend reported {errors} when loading it")
-        server.wait(frontend.queue_graph(), timeout=600)
+        server.wait(frontend.queue_graph())
         return frontend.screenshot_graph(target)
 
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from progress import run_watched
 
 pytestmark = pytest.mark.t0
 
@@ -16,8 +17,7 @@ ENV_SH = Path(__file__).resolve().parent.parent / "devtools" / "env.sh"
 
 def run_env(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     base = {**os.environ, "PATCHBAY_CACHE": str(tmp_path / "cache")}
-    return subprocess.run(["bash", str(ENV_SH), *args], env={**base, **env}, capture_output=True, text=True,
-                          timeout=60)
+    return run_watched(["bash", str(ENV_SH), *args], env={**base, **env}, capture_output=True, text=True)
 
 
 def test_missing_python_says_what_to_do(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from progress import communicate_watched
 from safetensors.torch import load_file, save_file
 
 pytestmark = pytest.mark.t0
@@ -236,7 +237,7 @@ def test_sigterm_removes_the_partial_file_and_the_next_run_removes_stale_ones(cl
     assert process.stdout.readline() == "started\n"
     assert [p.name for p in folder.glob(".out.safetensors.*.partial")]  # the merge is writing
     process.send_signal(signal.SIGTERM)
-    _, err = process.communicate(timeout=30)
+    _, err = communicate_watched(process)
     assert process.returncode == 143 and err == "terminated: nothing was written\n"
     assert not out.exists() and not list(folder.glob(".*"))
     # partials of killed merges (no clean-up is possible after SIGKILL) go on the next run of that output

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from progress import run_watched
 from safetensors.torch import save_file
 
 pytestmark = pytest.mark.t0
@@ -28,8 +29,7 @@ def readme_merge_example() -> str:
 
 def run_isolated(code: str, cwd: Path) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter: no PYTHONPATH, no current folder, no user site on sys.path."""
-    return subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=cwd,
-                          check=False, timeout=300)
+    return run_watched([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=cwd)
 
 
 def test_readme_import_merges_with_only_the_pack_folder_on_sys_path(tmp_path):

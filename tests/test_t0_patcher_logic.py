@@ -8,11 +8,11 @@ recorder.
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from progress import run_watched
 
 pytestmark = pytest.mark.t0
 
@@ -38,7 +38,7 @@ def test_pure_modules_import_no_comfy():
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'torch')); "
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code, str(ROOT)], check=True, timeout=60)
+    run_watched([sys.executable, "-c", code, str(ROOT)], check=True)
 
 
 # ---- ordering -----------------------------------------------------------------------------------

@@ -5,13 +5,13 @@ from each version's own comfy.cldm)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import devpaths
 import pytest
 import tiny_arch
 import tiny_controlnet
+from progress import run_watched
 
 pytestmark = pytest.mark.t1
 
@@ -20,7 +20,7 @@ def test_arch_files_regenerate_to_the_one_manifest(tmp_path):
     rels = tiny_arch.all_rels() + tiny_controlnet.all_rels()
     command = [sys.executable, str(devpaths.ROOT / "devtools" / "tiny_models.py"), "--out", str(tmp_path),
                "--only", *rels]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = run_watched(command, capture_output=True, text=True)
     version = devpaths.comfyui_version()
     assert result.returncode == 0, f"on ComfyUI {version}:\n{result.stdout}\n{result.stderr}"
     assert f"{len(rels)} generated" in result.stdout

@@ -68,7 +68,7 @@ def run(server, kind: str) -> tuple[torch.Tensor, str]:
     from safetensors.torch import load_file
 
     before = len(server.log_text())
-    result = server.run(prompt(kind), timeout=300)
+    result = server.run(prompt(kind))
     assert result.ok, f"{kind}: {result.error}"
     (path,) = result.outputs
     return load_file(path)["latent_tensor"].float(), server.log_text()[before:]

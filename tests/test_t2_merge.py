@@ -60,10 +60,10 @@ def cached_nodes(entry: dict) -> set[str]:
 
 
 def test_a_merge_in_the_graph_samples_and_a_new_seed_merges_nothing(comfy_server):
-    first = comfy_server.wait(comfy_server.queue(merge_and_sample(seed=1)), timeout=1500)
+    first = comfy_server.wait(comfy_server.queue(merge_and_sample(seed=1)))
     assert comfy_server.output_files(first), "the merged model made no image"
     assert "4" not in cached_nodes(first)
-    again = comfy_server.wait(comfy_server.queue(merge_and_sample(seed=2)), timeout=1500)
+    again = comfy_server.wait(comfy_server.queue(merge_and_sample(seed=2)))
     assert {"1", "2", "3", "4", "5", "6"} <= cached_nodes(again)  # only the sampler and after ran
     assert "8" not in cached_nodes(again)
 
@@ -76,7 +76,7 @@ def test_save_merge_streams_a_checkpoint_with_its_recipe_into_the_output_folder(
         "4": save_merge("3", "patchbay-t2/saved"),
         "5": {"class_type": "PatchbayMergeRecipeToText", "inputs": {"recipe": ["3", 0], "form": "sd-mecha"}},
     }
-    entry = comfy_server.wait(comfy_server.queue(prompt), timeout=1500)
+    entry = comfy_server.wait(comfy_server.queue(prompt))
     saved = comfy_server.output_dir / "patchbay-t2" / "saved.safetensors"
     assert entry["outputs"]["4"]["text"][0].startswith("saved.safetensors: 730 keys")
     (text,) = entry["outputs"]["5"]["text"]
@@ -95,7 +95,7 @@ def test_a_bad_recipe_text_stops_the_prompt_with_the_nearest_method_name(comfy_s
         "2": {"class_type": "PatchbayMergeRecipeToText", "inputs": {"recipe": ["1", 0], "form": "compact"}},
     }
     with pytest.raises(ExecutionError, match=r"PatchbayMergeRecipeText.*did you mean 'weighted_sum'"):
-        comfy_server.wait(comfy_server.queue(prompt), timeout=120)
+        comfy_server.wait(comfy_server.queue(prompt))
 
 
 def bundled_prompt(name: str, object_info: dict, frontend_version: str) -> dict:
@@ -141,7 +141,7 @@ def test_the_sdxl_workflow_bakes_the_lora_into_each_block_by_its_block_weight(co
     save, blocks = node_of(prompt, "PatchbayMergeSave"), node_of(prompt, "PatchbayMergeBlockWeightsSDXL")
     prompt[save]["inputs"].update(filename="patchbay-t2/sdxl-blocks", if_exists="overwrite")
     weights = prompt[blocks]["inputs"]
-    comfy_server.wait(comfy_server.queue(prompt), timeout=600)
+    comfy_server.wait(comfy_server.queue(prompt))
     models = devpaths.models_dir()
     saved = load_file(str(comfy_server.output_dir / "patchbay-t2" / "sdxl-blocks.safetensors"))
     saved = {key.removeprefix("model.diffusion_model."): value for key, value in saved.items()}  # ckpt layout
@@ -180,7 +180,7 @@ def test_the_key_patterns_workflow_bakes_the_lora_where_its_patterns_say(comfy_s
     prompt["m1"] = {**prompt[method], "inputs": {**prompt[method]["inputs"], "alpha_map": ["p1", 0]}}
     prompt["s0"] = save_merge(method, "patchbay-t2/patterns")
     prompt["s1"] = save_merge("m1", "patchbay-t2/all")
-    comfy_server.wait(comfy_server.queue(prompt), timeout=600)
+    comfy_server.wait(comfy_server.queue(prompt))
     saved, full = (load_file(str(comfy_server.output_dir / "patchbay-t2" / f"{name}.safetensors"))
                    for name in ("patterns", "all"))
     base = load_file(str(devpaths.models_dir() / "checkpoints" / CKPT_A))
@@ -209,10 +209,10 @@ def test_clear_merge_cache_in_the_key_patterns_workflow_runs_before_its_merge(co
         return int(re.match(r"merge cache cleared: (\d+) entries", text).group(1))
 
     alone = {"c": {"class_type": "PatchbayMergeCacheClear", "inputs": {}}}
-    comfy_server.wait(comfy_server.queue(alone), timeout=120)
+    comfy_server.wait(comfy_server.queue(alone))
     prompt = bundled_prompt("merge_lora_delta_key_patterns", object_info, frontend_version)
     merge, clear = node_of(prompt, "PatchbayMerge"), node_of(prompt, "PatchbayMergeCacheClear")
     prompt[merge]["inputs"]["merge_seed"] = 1234  # a new input: the Merge node runs again in this session
-    entry = comfy_server.wait(comfy_server.queue(prompt), timeout=600)
+    entry = comfy_server.wait(comfy_server.queue(prompt))
     assert comfy_server.output_files(entry) and cleared(entry, clear) == 0
-    assert cleared(comfy_server.wait(comfy_server.queue(alone), timeout=120), "c") > 0
+    assert cleared(comfy_server.wait(comfy_server.queue(alone)), "c") > 0

@@ -146,7 +146,7 @@ def runs(comfy_server) -> Runs:
     out = Runs()
     for name, setup in RUNS.items():
         before = comfy_server.log_text().count(SLIDING)
-        result = comfy_server.run(build_prompt(setup, f"patchbay-tests/real_packs/{name}"), timeout=300)
+        result = comfy_server.run(build_prompt(setup, f"patchbay-tests/real_packs/{name}"))
         assert result.ok, f"{name}: {result.error}"
         (path,) = [p for p in result.outputs if p.suffix == ".latent"]
         out.latents[name] = load_file(path)["latent_tensor"].float()

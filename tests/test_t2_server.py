@@ -102,7 +102,7 @@ def test_bundled_workflow_runs_and_writes_its_images_or_merges(comfy_server, obj
     from safetensors import safe_open
 
     prompt = workflow_to_prompt(json.loads(path.read_text()), object_info, frontend=frontend_version)
-    entry = comfy_server.wait(comfy_server.queue(prompt), timeout=300)
+    entry = comfy_server.wait(comfy_server.queue(prompt))
     images, merges = comfy_server.output_files(entry), saved_merges(comfy_server, prompt, entry)
     assert images or merges, f"{path.stem} saved no image and no merge"
     for image_path in images:
@@ -121,8 +121,8 @@ def test_execution_error_carries_comfyui_message(comfy_server):
                     "inputs": {"floats": ["1", 0], "start_percent": 0.8, "end_percent": 0.2}},
               "3": {"class_type": "PreviewAny", "inputs": {"source": ["2", 0]}}}
     with pytest.raises(ExecutionError, match=r"node 2 \(PatchbayHookKeyframesFromFloats\).*swap them"):
-        comfy_server.wait(comfy_server.queue(prompt), timeout=60)
-    result = comfy_server.run(prompt, timeout=60)
+        comfy_server.wait(comfy_server.queue(prompt))
+    result = comfy_server.run(prompt)
     assert not result.ok and "end_percent 0.2 is before start_percent 0.8" in result.error
 
 
@@ -139,6 +139,6 @@ def test_validation_error_names_node_and_input(comfy_server):
     prompt = {"1": {"class_type": "PatchbayFloatsRamp",
                     "inputs": {"start": 0.0, "end": 1.0, "count": 0, "easing": "linear"}},
               "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}}
-    result = comfy_server.run(prompt, timeout=60)
+    result = comfy_server.run(prompt)
     assert not result.ok
     assert "node 1 (PatchbayFloatsRamp)" in result.error and "count" in result.error
