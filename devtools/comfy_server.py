@@ -327,7 +327,7 @@ class ComfyServer:
                 raise ComfyServerError(f"ComfyUI died while running prompt {prompt_id}.\n{self.log_tail()}")
             if activity.idle_for() > stall:
                 raise ComfyServerError(
-                    f"prompt {prompt_id} made no progress for {stall:.0f} s: ComfyUI used next to no CPU "
+                    f"prompt {prompt_id} made no progress for {stall:g} s: ComfyUI used next to no CPU "
                     f"time, read nothing from disk and faulted in no page (hung?).\n{self.log_tail()}\n"
                     f"Full log: {self.log_path}")
             time.sleep(0.2)

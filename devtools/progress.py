@@ -100,5 +100,5 @@ def communicate_watched(process: subprocess.Popen, stall: float = STALL_SECONDS)
             if activity.idle_for() > stall:
                 process.kill()
                 _, err = process.communicate()
-                raise TimeoutError(f"{process.args!r:.200} made no progress for {stall:.0f} s; stderr so "
+                raise TimeoutError(f"{process.args!r:.200} made no progress for {stall:g} s; stderr so "
                                    f"far: {err!r:.2000}") from None

@@ -72,18 +72,18 @@ def servers():
 
 
 def test_a_busy_server_is_waited_for_longer_than_the_stall_limit(tmp_path, servers):
-    servers.append(server := stand_in_server(tmp_path, busy_seconds=2.5))
+    servers.append(server := stand_in_server(tmp_path, busy_seconds=1.5))
     began = time.monotonic()
-    entry = server.wait("p1", stall=1.0)
+    entry = server.wait("p1", stall=0.5)
     assert entry["status"]["status_str"] == "success"
-    assert time.monotonic() - began > 2.0  # well past the stall limit: progress, not a budget, decides
+    assert time.monotonic() - began > 1.2  # well past the stall limit: progress, not a budget, decides
 
 
 def test_a_server_that_does_nothing_fails_the_wait_after_the_stall_limit(tmp_path, servers):
     servers.append(server := stand_in_server(tmp_path, busy_seconds=-1))
     began = time.monotonic()
-    with pytest.raises(ComfyServerError, match=r"(?s)prompt p2 made no progress for 1 s.*stand-in server"):
-        server.wait("p2", stall=1.0)
+    with pytest.raises(ComfyServerError, match=r"(?s)prompt p2 made no progress for 0.5 s.*stand-in server"):
+        server.wait("p2", stall=0.5)
     assert time.monotonic() - began < 10
 
 
@@ -91,12 +91,12 @@ def test_activity_moves_with_cpu_work_and_not_with_sleep():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen(["sleep", "30"])
     try:
-        working, sleeping = Activity(busy.pid, window=0.5), Activity(idle.pid, window=0.5)
+        working, sleeping = Activity(busy.pid, window=0.25), Activity(idle.pid, window=0.25)
         for _ in range(4):
-            time.sleep(0.5)
+            time.sleep(0.25)
             working.idle_for(), sleeping.idle_for()
-        assert working.idle_for() < 0.6
-        assert sleeping.idle_for() > 1.5
+        assert working.idle_for() < 0.3
+        assert sleeping.idle_for() > 0.7
     finally:
         for process in (busy, idle):
             process.kill()
@@ -104,11 +104,11 @@ def test_activity_moves_with_cpu_work_and_not_with_sleep():
 
 
 def test_a_watched_child_runs_as_long_as_it_works_and_is_stopped_when_it_hangs():
-    busy = "import time\nend = time.process_time() + 2.5\nwhile time.process_time() < end: pass\nprint('ok')"
-    result = run_watched([sys.executable, "-c", busy], stall=1.0, capture_output=True, text=True)
+    busy = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\nprint('ok')"
+    result = run_watched([sys.executable, "-c", busy], stall=0.5, capture_output=True, text=True)
     assert (result.returncode, result.stdout) == (0, "ok\n")
     hung = "import sys, time\nprint('waiting', file=sys.stderr, flush=True)\ntime.sleep(60)"
     began = time.monotonic()
-    with pytest.raises(TimeoutError, match="made no progress for 1 s; stderr so far: 'waiting"):
-        run_watched([sys.executable, "-c", hung], stall=1.0, capture_output=True, text=True)
+    with pytest.raises(TimeoutError, match="made no progress for 0.5 s; stderr so far: 'waiting"):
+        run_watched([sys.executable, "-c", hung], stall=0.5, capture_output=True, text=True)
     assert time.monotonic() - began < 10
