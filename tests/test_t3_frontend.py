@@ -99,21 +99,25 @@ LARGE_WORKFLOWS = {
 }
 
 
-@pytest.fixture
-def frontend_1080p(frontend):
-    before = frontend.viewport
-    frontend.resize((1920, 1080))
-    yield frontend
-    frontend.resize(before)
+class TestOnA1080pScreen:
+    """The window is resized to 1920x1080 once for every test in this class, and back after the last:
+    each test loads its own workflow, so what the one before left on the page does not matter."""
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def frontend_1080p(cls, frontend):
+        before = frontend.viewport
+        frontend.resize((1920, 1080))
+        yield frontend
+        frontend.resize(before)
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_bundled_workflow_fits_a_1080p_screen_readably(frontend_1080p, path):
-    frontend_1080p.load_workflow(json.loads(path.read_text()), path.stem)
-    zoom = frontend_1080p.fit_zoom()
-    floor = LARGE_WORKFLOWS.get(path.stem, READABLE_ZOOM)
-    assert zoom >= floor, (f"{path.stem}: Fit View on 1920x1080 zooms to {zoom:.3f} < {floor}; make the "
-                           f"graph smaller (devtools/build_workflows.py lays it out)")
+    @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+    def test_bundled_workflow_fits_a_1080p_screen_readably(self, frontend_1080p, path):
+        frontend_1080p.load_workflow(json.loads(path.read_text()), path.stem)
+        zoom = frontend_1080p.fit_zoom()
+        floor = LARGE_WORKFLOWS.get(path.stem, READABLE_ZOOM)
+        assert zoom >= floor, (f"{path.stem}: Fit View on 1920x1080 zooms to {zoom:.3f} < {floor}; make the "
+                               f"graph smaller (devtools/build_workflows.py lays it out)")
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
