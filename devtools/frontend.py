@@ -37,13 +37,14 @@ HEADLESS_SETTINGS: dict[str, Any] = {
 _READY = ("() => !!(window.app && window.app.graph && window.app.canvas && window.LiteGraph"
           " && Object.keys(window.LiteGraph.registered_node_types).length > 0 && window.app.vueAppReady)")
 _INIT_SCRIPT = "try { localStorage.setItem('vueNodesBannerDismissed', 'true') } catch (e) {}"
-# Visible error toasts and dialogs (PrimeVue), after a workflow was loaded.
+# Visible error toasts (PrimeVue) and dialogs (PrimeVue's, and the role=dialog ones frontend 1.49.6
+# shows errors in), after a workflow was loaded.
 _ERRORS_JS = """() => {
   const visible = (el) => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
   const out = [];
   for (const el of document.querySelectorAll('.p-toast-message-error, .p-toast-message-warn'))
     if (visible(el)) out.push('toast: ' + el.innerText.trim().replace(/\\s+/g, ' '));
-  for (const el of document.querySelectorAll('.p-dialog'))
+  for (const el of document.querySelectorAll('.p-dialog, [role=dialog], [role=alertdialog]'))
     if (visible(el)) out.push('dialog: ' + el.innerText.trim().replace(/\\s+/g, ' ').slice(0, 300));
   return out;
 }"""

@@ -133,6 +133,22 @@ def test_bundled_workflow_loads_cleanly(frontend, path):
     assert shot.stat().st_size > 1000
 
 
+def test_the_clean_load_check_sees_a_broken_workflows_errors(frontend):
+    """The check above sees what a broken load shows as soon as ``load_workflow`` returns, which waits
+    for the frontend to be idle instead of a fixed pause: a node whose outputs are no list makes loading
+    throw, so the frontend shows its error dialog and an error toast (its report could not fetch the
+    server's logs). The page is reloaded after: the half-loaded graph would break the next load."""
+    workflow = json.loads(WORKFLOWS[0].read_text())
+    workflow["nodes"][0]["outputs"] = 5
+    try:
+        frontend.load_workflow(workflow, "broken")
+        errors = frontend.error_messages()
+    finally:
+        frontend.reload()
+    assert any(e.startswith("dialog: Loading aborted") for e in errors), errors
+    assert any(e.startswith("toast: Error Failed to fetch server logs") for e in errors), errors
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_converter_equals_frontend_graph_to_prompt(frontend, object_info, frontend_version, path):
     workflow = json.loads(path.read_text())
