@@ -7,7 +7,8 @@ live ComfyServer, not by a re-implementation. This module owns the browser detai
 the first-run popups kept out of the way, and the few ``window.app`` calls we rely on
 (``loadGraphData``, ``loadApiJson``, ``graphToPrompt``, ``LiteGraph.registered_node_types``, the
 ``Comfy.QueuePrompt`` command), which frontends 1.32.9 (ComfyUI 0.3.75) and 1.49.6 (ComfyUI 0.33)
-both have.
+both have. No step sleeps a fixed time: each returns once the frontend is idle (the page's requests
+answered, frames drawn, its main thread idle) or, after Fit View, once its animation has ended.
 """
 
 from __future__ import annotations
@@ -36,15 +37,47 @@ HEADLESS_SETTINGS: dict[str, Any] = {
 _READY = ("() => !!(window.app && window.app.graph && window.app.canvas && window.LiteGraph"
           " && Object.keys(window.LiteGraph.registered_node_types).length > 0 && window.app.vueAppReady)")
 _INIT_SCRIPT = "try { localStorage.setItem('vueNodesBannerDismissed', 'true') } catch (e) {}"
-# Visible error toasts and dialogs (PrimeVue), after a workflow was loaded.
+# Visible error toasts (PrimeVue) and dialogs (PrimeVue's, and the role=dialog ones frontend 1.49.6
+# shows errors in), after a workflow was loaded.
 _ERRORS_JS = """() => {
   const visible = (el) => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
   const out = [];
   for (const el of document.querySelectorAll('.p-toast-message-error, .p-toast-message-warn'))
     if (visible(el)) out.push('toast: ' + el.innerText.trim().replace(/\\s+/g, ' '));
-  for (const el of document.querySelectorAll('.p-dialog'))
+  for (const el of document.querySelectorAll('.p-dialog, [role=dialog], [role=alertdialog]'))
     if (visible(el)) out.push('dialog: ' + el.innerText.trim().replace(/\\s+/g, ' ').slice(0, 300));
   return out;
+}"""
+# Two animation frames (the canvas has drawn what changed, Vue has patched the DOM: a toast or dialog
+# raised meanwhile is on the page), then a moment the main thread has nothing queued (no pending task:
+# a fetch's callback, an image's onload).
+_IDLE_JS = """() => new Promise((resolve) =>
+  requestAnimationFrame(() => requestAnimationFrame(() => requestIdleCallback(resolve))))"""
+# The view (zoom and offset) at rest: unchanged over a whole frame. Fit View animates it for a fixed
+# time (350 ms in both frontends), moving it in every frame until the last.
+_VIEW_AT_REST_JS = """() => new Promise((resolve) => {
+  let last = null;
+  const step = () => {
+    const ds = app.canvas.ds, now = [ds.scale, ds.offset[0], ds.offset[1]].join();
+    if (now === last) resolve(); else { last = now; requestAnimationFrame(step); }
+  };
+  requestAnimationFrame(step);
+})"""
+# Awaits one of the above (substituted for SCRIPT), rejecting after a deadline: a last resort, as
+# Playwright's timeouts are.
+_WITHIN_JS = """async (deadline) => {
+  let late;
+  const timeout = new Promise((_, reject) => {
+    late = setTimeout(() => reject(new Error("timeout")), deadline);
+  });
+  try { await Promise.race([(SCRIPT)(), timeout]); } finally { clearTimeout(late); }
+}"""
+# The canvas has taken the window's new size (the frontend resizes it from a ResizeObserver).
+_CANVAS_SIZED_JS = """([width, height]) => {
+  const canvas = app.canvas.canvas, rect = canvas.getBoundingClientRect();
+  const scale = Math.max(window.devicePixelRatio, 1);
+  return window.innerWidth === width && window.innerHeight === height
+    && canvas.width === Math.round(rect.width * scale) && canvas.height === Math.round(rect.height * scale);
 }"""
 
 
@@ -60,6 +93,8 @@ class Frontend:
         self.viewport = viewport
         self.timeout_ms = int(timeout * 1000)
         self.console_errors: list[str] = []
+        self._requests: set[Any] = set()  # the page's requests in flight
+        self._requests_started = 0
         self._profile: tempfile.TemporaryDirectory | None = None
         self._playwright = None
         self._context = None
@@ -91,6 +126,9 @@ class Frontend:
         self.page.set_default_timeout(self.timeout_ms)
         self.page.on("console", self._on_console)
         self.page.on("pageerror", lambda err: self.console_errors.append(f"pageerror: {err}"))
+        self.page.on("request", self._on_request)
+        self.page.on("requestfinished", self._on_request_done)
+        self.page.on("requestfailed", self._on_request_done)
         self.page.goto(self.url)
         try:
             self.page.wait_for_function(_READY, timeout=self.timeout_ms)
@@ -104,6 +142,13 @@ class Frontend:
         otherwise show in, and resize, the node of that id in the next graph loaded)."""
         self.page.reload()
         self.page.wait_for_function(_READY, timeout=self.timeout_ms)
+
+    def _on_request(self, request: Any) -> None:
+        self._requests.add(request)
+        self._requests_started += 1
+
+    def _on_request_done(self, request: Any) -> None:
+        self._requests.discard(request)
 
     def _on_console(self, message: Any) -> None:
         if message.type == "error":
@@ -227,6 +272,7 @@ class Frontend:
             await cmd.execute('Workspace.ToggleFocusMode');
             await cmd.execute('Comfy.Canvas.FitView');
             app.canvas.deselectAll?.(); app.graph.setDirtyCanvas(true, true); }""")
+        self._wait_in_page(_VIEW_AT_REST_JS, "Fit View did not come to rest")
         self._settle()
         try:
             clip = self._graph_clip() if crop else None
@@ -236,17 +282,18 @@ class Frontend:
         return path
 
     def resize(self, viewport: tuple[int, int]) -> None:
-        """Give the page another window size (as a user resizing the browser)."""
+        """Give the page another window size (as a user resizing the browser); return once the canvas
+        has taken it and drawn."""
         self.page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
         self.viewport = viewport
+        self.page.wait_for_function(_CANVAS_SIZED_JS, arg=list(viewport), polling="raf")
         self._settle()
 
     def fit_zoom(self) -> float:
         """The zoom the frontend's Fit View (the "." key) picks for the loaded graph, with the UI shown
-        as a user sees it; at this viewport size."""
-        self._settle()
+        as a user sees it; at this viewport size. Its animation is waited out: the zoom at rest."""
         self.evaluate("async () => app.extensionManager.command.execute('Comfy.Canvas.FitView')")
-        self._settle()
+        self._wait_in_page(_VIEW_AT_REST_JS, "Fit View did not come to rest")
         return self.evaluate("() => app.canvas.ds.scale")
 
     def _graph_clip(self, margin: float = 24.0) -> dict[str, float] | None:
@@ -268,7 +315,26 @@ class Frontend:
         right, bottom = min(float(width), box[2] + margin), min(float(height), box[3] + margin)
         return {"x": left, "y": top, "width": right - left, "height": bottom - top}
 
-    def _settle(self, seconds: float = 0.5) -> None:
-        """Let the frontend finish its animation frames and toasts."""
-        self.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
-        time.sleep(seconds)
+    def _settle(self) -> None:
+        """Wait until the frontend is idle: none of the page's requests in flight (a lazily loaded
+        dialog, a fetch whose answer may raise a toast), two animation frames drawn and an idle moment
+        of its main thread, and no request started meanwhile."""
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            started = self._requests_started
+            while self._requests:
+                if time.monotonic() > deadline:
+                    urls = sorted(request.url for request in self._requests)
+                    raise FrontendError(f"requests in flight for {self.timeout_ms / 1000:.0f} s: {urls}")
+                self.page.wait_for_timeout(20)  # lets playwright deliver the requests' events
+            self._wait_in_page(_IDLE_JS, "the frontend was not idle")
+            if self._requests_started == started and not self._requests:
+                return
+
+    def _wait_in_page(self, script: str, what: str) -> None:
+        """Await ``script`` (a function returning a promise) in the page, at most the timeout."""
+        try:
+            self.evaluate(_WITHIN_JS.replace("SCRIPT", script), self.timeout_ms)
+        except Exception as err:
+            raise FrontendError(f"{what} within {self.timeout_ms / 1000:.0f} s; console errors: "
+                                f"{self.console_errors[-5:]}") from err

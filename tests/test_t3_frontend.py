@@ -99,21 +99,25 @@ LARGE_WORKFLOWS = {
 }
 
 
-@pytest.fixture
-def frontend_1080p(frontend):
-    before = frontend.viewport
-    frontend.resize((1920, 1080))
-    yield frontend
-    frontend.resize(before)
+class TestOnA1080pScreen:
+    """The window is resized to 1920x1080 once for every test in this class, and back after the last:
+    each test loads its own workflow, so what the one before left on the page does not matter."""
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def frontend_1080p(cls, frontend):
+        before = frontend.viewport
+        frontend.resize((1920, 1080))
+        yield frontend
+        frontend.resize(before)
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_bundled_workflow_fits_a_1080p_screen_readably(frontend_1080p, path):
-    frontend_1080p.load_workflow(json.loads(path.read_text()), path.stem)
-    zoom = frontend_1080p.fit_zoom()
-    floor = LARGE_WORKFLOWS.get(path.stem, READABLE_ZOOM)
-    assert zoom >= floor, (f"{path.stem}: Fit View on 1920x1080 zooms to {zoom:.3f} < {floor}; make the "
-                           f"graph smaller (devtools/build_workflows.py lays it out)")
+    @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+    def test_bundled_workflow_fits_a_1080p_screen_readably(self, frontend_1080p, path):
+        frontend_1080p.load_workflow(json.loads(path.read_text()), path.stem)
+        zoom = frontend_1080p.fit_zoom()
+        floor = LARGE_WORKFLOWS.get(path.stem, READABLE_ZOOM)
+        assert zoom >= floor, (f"{path.stem}: Fit View on 1920x1080 zooms to {zoom:.3f} < {floor}; make the "
+                               f"graph smaller (devtools/build_workflows.py lays it out)")
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
@@ -127,6 +131,22 @@ def test_bundled_workflow_loads_cleanly(frontend, path):
     folder = devpaths.output_dir() / "screenshots" / devpaths.comfyui_version()
     shot = frontend.screenshot_graph(folder / f"{path.stem}.png")
     assert shot.stat().st_size > 1000
+
+
+def test_the_clean_load_check_sees_a_broken_workflows_errors(frontend):
+    """The check above sees what a broken load shows as soon as ``load_workflow`` returns, which waits
+    for the frontend to be idle instead of a fixed pause: a node whose outputs are no list makes loading
+    throw, so the frontend shows its error dialog and an error toast (its report could not fetch the
+    server's logs). The page is reloaded after: the half-loaded graph would break the next load."""
+    workflow = json.loads(WORKFLOWS[0].read_text())
+    workflow["nodes"][0]["outputs"] = 5
+    try:
+        frontend.load_workflow(workflow, "broken")
+        errors = frontend.error_messages()
+    finally:
+        frontend.reload()
+    assert any(e.startswith("dialog: Loading aborted") for e in errors), errors
+    assert any(e.startswith("toast: Error Failed to fetch server logs") for e in errors), errors
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
