@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from .context import KeyContext
 from .io import ALIGN
+from .plan import cache_salt
 from .steps import Graph
 from .stream import Evaluator, NonFiniteError, Spill, all_finite, chunkable
 
@@ -62,7 +63,7 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
     budget = options.memory_budget_mb * 2**20
     capacity = max(ALIGN, budget // 8)  # two arenas: a quarter of the budget
     cache = options.cache if hasattr(options.cache, "put") else None
-    salt = (options.seed, options.shape_policy, options.missing_policy, options.device)
+    salt = cache_salt(options)
     cached = _cached_results(graph, plans, cache, salt, report.arch) if cache is not None else {}
     report.cached_keys += len(cached)
     units = list(split_units(graph, sources, plans, options, capacity, cached))

@@ -88,6 +88,12 @@ class MergeOptions:
                 raise ValueError(f"MergeOptions.{name}={value!r}; choose one of {', '.join(allowed)}")
 
 
+def cache_salt(options: MergeOptions) -> tuple:
+    """The options every cached result depends on besides its ``Graph.key_id`` (which holds the merge
+    seed where a random method uses it): the shape and missing-key policies and the device."""
+    return (options.shape_policy, options.missing_policy, options.device)
+
+
 @dataclass
 class MergeReport:
     """What a merge did: output, key counts, seconds, and every key a policy touched."""

@@ -22,7 +22,7 @@ import torch
 
 from . import pipeline
 from .context import KeyContext
-from .plan import KeyPlan, MergeOptions, MergeReport, plan_keys
+from .plan import KeyPlan, MergeOptions, MergeReport, cache_salt, plan_keys
 from .steps import compile_recipe, recipe_text
 from .stream import Evaluator
 
@@ -33,7 +33,7 @@ class MergeSession:
     def __init__(self, recipe: object, options: MergeOptions | None = None, path: Path | None = None) -> None:
         self.recipe = recipe
         self.options = options = options or MergeOptions()
-        self.graph = compile_recipe(recipe, options.search_dirs, options.cache, options.resolve)
+        self.graph = compile_recipe(recipe, options.search_dirs, options.cache, options.resolve, options.seed)
         self.report = MergeReport(path=path or Path())
         self.sources = self.graph.open_sources()
         try:
@@ -41,7 +41,7 @@ class MergeSession:
         except BaseException:
             self.close()
             raise
-        self._salt = (options.seed, options.shape_policy, options.missing_policy, options.device)
+        self._salt = cache_salt(options)
 
     @property
     def arch(self) -> str:

@@ -168,9 +168,11 @@ def apply(step: Call, args: list, scalars: dict, ctx: KeyContext) -> Any:
 
 def context_for(ctx: KeyContext, step: Call) -> KeyContext:
     """The KeyContext of one (method call, key): its cache persists across merges of this recipe
-    (a trace on meta tensors gets a throwaway one)."""
+    (a trace on meta tensors gets a throwaway one); only a random method sees the merge seed (the
+    cache keys only those on it: ``Graph.key_id``)."""
     cache = {} if str(ctx.device) == "meta" else step.cache.setdefault(ctx.key, {})
-    return KeyContext(key=ctx.key, cache=cache, seed=ctx.seed, device=ctx.device, arch=ctx.arch)
+    seed = ctx.seed if step.method.random else 0
+    return KeyContext(key=ctx.key, cache=cache, seed=seed, device=ctx.device, arch=ctx.arch)
 
 
 def fill_missing(step: Call, index: int, value: Any, tensors: list) -> Any:

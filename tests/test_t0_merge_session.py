@@ -238,6 +238,89 @@ def test_a_changed_input_file_is_never_served_from_the_cache(files, tmp_path):
     assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
 
 
+def test_a_file_replaced_with_the_same_size_and_mtime_is_never_served_from_the_cache(files, tmp_path):
+    """``cp -p`` / ``rsync -t`` keep size and modification time: the fingerprint must still change."""
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    before = files["b"].stat()
+    make_model(tmp_path / "b2.safetensors", seed=7)
+    files["b"].write_bytes((tmp_path / "b2.safetensors").read_bytes())  # in place, same inode
+    os.utime(files["b"], ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = files["b"].stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    report = merge(recipe_of(first="a"), tmp_path / "2.safetensors",
+                   options(resolve=Counting(files), cache=cache))
+    assert report.cached_keys == 0
+    merge(recipe_of(first="a"), tmp_path / "3.safetensors", options(resolve=Counting(files)))
+    assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
+
+
+def test_the_fingerprint_digests_the_header_and_samples_the_data_of_large_files(tmp_path):
+    from merge.fingerprint import BLOCK, SAMPLES, content_digest, file_fingerprint
+
+    header = b'{"w":{"dtype":"F16","shape":[2097152],"data_offsets":[0,4194304]}}'
+    data = bytearray(len(header).to_bytes(8, "little") + header + bytes(4 * 2**20))
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(data)
+    first = content_digest(path, len(data))
+    start = 8 + len(header)
+    sampled = start + (len(data) - start - BLOCK) * 5 // (SAMPLES - 1)  # the 6th sampled block
+    for offset in (9, sampled + 100):  # a header byte, a data byte in a sample
+        changed = bytearray(data)
+        changed[offset] ^= 1
+        path.write_bytes(changed)
+        assert content_digest(path, len(changed)) != first
+    missing = tmp_path / "missing.safetensors"
+    assert file_fingerprint(missing) == ("file", str(missing))
+
+
+def test_a_new_merge_seed_recomputes_only_what_a_random_method_makes(files, tmp_path):
+    from merge import recipe as R
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    plain = recipe_of(first="a")
+    merge(plain, tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache, seed=1))
+    report = merge(plain, tmp_path / "2.safetensors", options(resolve=Counting(files), cache=cache, seed=2))
+    assert report.cached_keys == len(FLOATS)  # no method of the recipe draws random numbers
+    a, b, c = R.model("a"), R.model("b"), R.model("c")
+    dropped = R.add_difference(a, R.dropout(R.subtract(b, c), R.subtract(c, a), probability=0.5))
+    outputs = {}
+    for number, seed in enumerate((1, 1, 2)):
+        outputs[number] = tmp_path / f"dropout-{number}.safetensors"
+        report = merge(dropped, outputs[number], options(resolve=Counting(files), cache=cache, seed=seed))
+        assert report.cached_keys == (len(FLOATS) if number == 1 else 0)
+    assert outputs[0].read_bytes() == outputs[1].read_bytes() != outputs[2].read_bytes()
+
+
+def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
+    from merge import recipe as R
+    from merge import registry
+    from merge.execute import merge
+
+    seen: dict[str, set] = {"plain": set(), "drawn": set()}
+    with registry.scope():
+        def recorder(name: str):
+            def record(a, *, ctx=None):
+                """Records the seed its context carries."""
+                seen[name].add(ctx.seed)
+                return a
+
+            record.__annotations__ = {"a": registry.Weight, "return": registry.Weight,
+                                      "ctx": registry.KeyContext}
+            return record
+
+        for name, random in (("plain", False), ("drawn", True)):
+            registry.merge_method(recorder(name), name=name, random=random)
+        recipe = R.call("drawn", R.call("plain", R.model("a")))
+        merge(recipe, tmp_path / "out.safetensors", options(resolve=Counting(files), seed=5))
+    assert seen == {"plain": {0}, "drawn": {5}}  # the cache keys only "drawn" (and what uses it) on it
+
+
 def test_the_budget_keeps_the_current_run_and_evicts_older_runs_first():
     from merge.cache import MergeCache
 

@@ -36,7 +36,7 @@ def ties_sum_extended(*models: Delta, k: Fraction = 0.2, vote_sgn: bool = False,
     return _ties_extended(models, k, vote_sgn, apply_stock, apply_median, cos_eps, eps, maxiter, ftol)
 
 
-@merge_method(paper=DARE)
+@merge_method(paper=DARE, random=True)
 def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps: float = 0.0,
                           rescale: bool = True, k: Fraction = 0.2, vote_sgn: bool = False,
                           apply_stock: bool = False, cos_eps: float = 1e-6, apply_median: bool = False,
