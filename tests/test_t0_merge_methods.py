@@ -184,7 +184,11 @@ def _conv_1x1_deltas():
     return a - c, b - c
 
 
-def test_model_stock_takes_a_1x1_conv_as_its_matrix_and_a_single_value_as_the_mean(m, ctx):
+def test_model_stock_takes_a_conv_as_its_matrix_and_a_single_value_as_the_mean(m, ctx):
+    k1, k2 = t(6, 4, 3, 3, seed=4), t(6, 4, 3, 3, seed=5)  # one vector per output filter, 36 values
+    kernel = run(m, ctx, "model_stock", k1, k2)
+    rows = (k1.reshape(6, 36), k2.reshape(6, 36))
+    close(kernel.reshape(6, 36), _stock_t(rows) * (rows[0] + rows[1]) / 2)
     d1, d2 = _conv_1x1_deltas()
     got = run(m, ctx, "model_stock", d1, d2)
     flat = (d1.reshape(8, 8), d2.reshape(8, 8))  # what a linear of the same matrix gives, by the formula

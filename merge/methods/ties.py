@@ -55,7 +55,7 @@ def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps
 def model_stock(*deltas: Delta, cos_eps: float = 1e-6) -> Delta:
     """Model Stock: the mean delta scaled by t = n cos / (1 + (n - 1) cos) of neighbouring deltas.
 
-    A 1x1 convolution counts as its 2-d matrix, a single value as the mean (``model_stock_t``)."""
+    A convolution counts as its [out, in * kh * kw] matrix, a single value as the mean (``model_stock_t``)."""
     return torch.nan_to_num(model_stock_t(deltas, cos_eps) * (sum(deltas) / len(deltas)))
 
 
@@ -85,24 +85,28 @@ def ties_sum_deltas(models: Sequence[torch.Tensor], k: float,
 
 def model_stock_t(deltas: Sequence[torch.Tensor], cos_eps: float) -> torch.Tensor | float:
     """Model Stock's interpolation ratio ``t = n cos / (1 + (n - 1) cos)``, ``cos`` the mean cosine of
-    consecutive deltas over their last dimension (each row of a linear's matrix), as sd-mecha computes it.
+    consecutive deltas per output unit: each row of a linear's matrix, as sd-mecha computes it.
 
-    Degenerate shapes, where sd-mecha differs: trailing dimensions of size 1 are dropped first, so a 1x1
-    convolution ``[out, in, 1, 1]`` is the ``[out, in]`` matrix it applies, as a linear is (sd-mecha takes
-    the cosine over a length-1 dimension: a sign, so two deltas of opposite signs give ``t = -inf``,
-    written out as +-3.4e38); a tensor with a single value has no angle: ``t = 1``, the mean delta."""
+    Where sd-mecha differs (it takes the cosine over the last dimension whatever the tensor): trailing
+    dimensions of size 1 are dropped, and a tensor of three or more dimensions (a convolution kernel
+    ``[out, in, kh, kw]``) is taken as its ``[out, in * kh * kw]`` matrix, one vector per output filter,
+    as a linear has one per output row. sd-mecha's cosine over a kernel row has 3 values in a 3x3 conv,
+    so two deltas can point almost opposite ways and ``t`` grows without bound, and 1 value in a 1x1
+    conv (a sign: where two deltas differ in sign ``t = -inf``, written out as +-3.4e38). A tensor with
+    a single value has no angle: ``t = 1``, the mean delta."""
     shape = deltas[0].shape
     kept = len(shape)
     while kept > 0 and shape[kept - 1] == 1:
         kept -= 1
     if kept == 0 or math.prod(shape) <= 1:
         return 1.0
+    rows = (shape[0], math.prod(shape[1:kept])) if kept >= 3 else tuple(shape[:kept])
     n = len(deltas)
     cos = torch.nn.CosineSimilarity(dim=-1, eps=cos_eps)
-    flat = [d.reshape(shape[:kept]) for d in deltas]
+    flat = [d.reshape(rows) for d in deltas]
     cos_theta = torch.stack([cos(flat[i], flat[i + 1]) for i in range(n - 1)]).mean(dim=0)
     t = n * cos_theta / (1 + (n - 1) * cos_theta)
-    return t.reshape(*shape[: kept - 1], *([1] * (len(shape) - kept + 1)))
+    return t.reshape(*rows[:-1], *([1] * (len(shape) - len(rows) + 1)))
 
 
 def della_dropout_mask(delta: torch.Tensor, probability: float | torch.Tensor, della_eps: float,
