@@ -53,10 +53,7 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
         with mio.SafetensorsWriter(out_path, outputs, metadata, options.overwrite, options.fsync) as writer:
             session.stream(writer)
             writer.commit()
-        if report.nonfinite:
-            shown = ", ".join(report.nonfinite[:3]) + (", ..." if len(report.nonfinite) > 3 else "")
-            report.warnings.append(f"{len(report.nonfinite)} tensors hold inf or NaN and were written anyway "
-                                   f"(--nonfinite warn): {shown}; at the first, {report.nonfinite_origin}")
+        session.finish()
         report.keys = len(writer.entries)
         report.bytes_written = writer.position
     report.seconds = time.perf_counter() - start

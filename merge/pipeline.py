@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
+from .checks import check_output
 from .context import KeyContext
 from .io import ALIGN
 from .plan import cache_salt
 from .steps import Graph
-from .stream import Evaluator, NonFiniteError, Spill, all_finite, chunkable
+from .stream import Evaluator, Spill, chunkable
 
 if TYPE_CHECKING:
     from .plan import KeyPlan, MergeOptions, MergeReport
@@ -191,7 +192,7 @@ def _compute_slice(evaluator: Evaluator, graph: Graph, unit: Unit, raw: list, ou
     evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
     if unit.end < numel:
         return None
-    return _checked(out.view(plan.shape), plan, options, report, evaluator.sources)
+    return check_output(out.view(plan.shape), plan, options, report, evaluator.sources, raw)
 
 
 def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
@@ -212,7 +213,7 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
             and next(iter(shapes)) == plan.shape and chunkable(graph.root)):
         out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
         evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
-        return _checked(out.view(plan.shape), plan, options, report, evaluator.sources)
+        return check_output(out.view(plan.shape), plan, options, report, evaluator.sources, raw)
     leaves = [None if r is None else r.to(options.device).float() for r in raw]
     result = evaluator.evaluate(graph.root, leaves, ctx)
     if result is None:
@@ -222,7 +223,7 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
     if size > out_buffer.numel():
         out_buffer = torch.empty(size, dtype=torch.uint8)
     out = out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
-    return _checked(out, plan, options, report, evaluator.sources)
+    return check_output(out, plan, options, report, evaluator.sources, raw)
 
 
 def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> bool:
@@ -233,38 +234,6 @@ def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> 
         return evaluator.evaluate(graph.root, leaves, meta) is None
     except Exception:  # noqa: BLE001 - a method that cannot trace keeps the key, as before
         return False
-
-
-def _checked(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport,
-             sources: list) -> torch.Tensor:
-    if not all_finite(out):
-        if options.nonfinite == "error":
-            raise NonFiniteError(f"{plan.key}: the merged tensor holds inf or NaN; "
-                                 f"{nonfinite_origin(sources, plan)}; or write it anyway with "
-                                 "--nonfinite warn (MergeOptions(nonfinite='warn'))")
-        if not report.nonfinite:
-            report.nonfinite_origin = nonfinite_origin(sources, plan)
-        report.nonfinite.append(plan.key)
-    return out
-
-
-def nonfinite_origin(sources: list, plan: KeyPlan) -> str:
-    """Where a non-finite output of ``plan.key`` comes from: an input file, or the recipe itself."""
-    bad = []
-    for source, present in zip(sources, plan.present, strict=True):
-        if not present:
-            continue
-        if hasattr(source, "read_into"):
-            info = source.info(plan.key)
-            tensor = source.read_into(plan.key, torch.empty(info.nbytes, dtype=torch.uint8))
-        else:
-            tensor = source.tensor(plan.key)
-        if tensor.is_floating_point() and not all_finite(tensor):
-            bad.append(source.name)
-    if bad:
-        files = " and ".join(bad)
-        return f"it comes from the input file {files}, which holds it at this key (fix or re-fetch it)"
-    return "the recipe made it (every input is finite here): check the methods' parameters"
 
 
 def _progress(options: MergeOptions, total: int, path: Path) -> tqdm:

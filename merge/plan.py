@@ -108,6 +108,7 @@ class MergeReport:
     skipped: list[str] = field(default_factory=list)
     nonfinite: list[str] = field(default_factory=list)
     nonfinite_origin: str = ""
+    out_of_range: list[tuple[str, float, float]] = field(default_factory=list)  # (key, output, inputs)
     spilled_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
     cached_keys: int = 0  # keys taken whole from a MergeCache (their inputs not read)

@@ -147,6 +147,31 @@ def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single
         assert session.source_dtype(ATTN) == torch.float16
 
 
+def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
+    """What a recipe hook adds while sampling: inf or NaN raises, a blow-up is logged and listed."""
+    from merge import recipe as R
+    from merge import registry
+    from merge.checks import NonFiniteError
+    from merge.session import MergeSession
+
+    with registry.scope():
+        def scale(a, *, factor: float = 1.0):
+            """a times factor."""
+            return a * factor
+
+        scale.__annotations__ = {"a": registry.Weight, "factor": float, "return": registry.Weight}
+        registry.merge_method(scale)
+        resolve = Counting(files)
+        with MergeSession(R.call("scale", R.model("a"), factor=1e6), options(resolve=resolve)) as session, \
+                caplog.at_level("WARNING", logger="merge.checks"):
+            session.evaluate(ATTN)
+            assert [key for key, *_ in session.report.out_of_range] == [ATTN]
+            assert f"{ATTN}: the merged values reach" in caplog.text
+        with MergeSession(R.call("scale", R.model("a"), factor=1e300), options(resolve=resolve)) as session, \
+                pytest.raises(NonFiniteError, match=f"{ATTN}: the merged tensor holds inf or NaN; the re"):
+            session.evaluate(ATTN)
+
+
 def test_a_cached_merge_reads_and_computes_nothing_and_writes_the_same_bytes(files, tmp_path):
     from merge.cache import MergeCache
     from merge.execute import merge
