@@ -3,15 +3,16 @@ value far beyond every input's range.
 
 A broken merge is worse than an error when its values are finite: model_stock's degenerate cases once
 wrote +-3.4e38 into 1x1 convolutions, a model that loads and samples NaN. So each output key is
-checked in one pass over the tensor as written (``torch.aminmax``, which propagates NaN):
+checked in one pass over the tensor as written (``torch.aminmax``, which propagates NaN), in the
+pipeline's writer thread, before the key is written or cached (the calling thread computes meanwhile):
 
 - inf or NaN: ``MergeOptions.nonfinite`` "error" raises ``NonFiniteError`` (naming the key and whether
   an input file or the recipe made it), "warn" lists the key in ``MergeReport.nonfinite``;
 - largest magnitude over ``RANGE_FACTOR`` times the largest magnitude of the key's inputs: listed in
   ``MergeReport.out_of_range`` and turned into a warning (``stream_warnings``). The inputs' magnitude
-  is first bounded from below by the elements already in memory (the unit just read); only when the
-  output passes ``RANGE_FACTOR`` times that bound are the inputs read again and measured whole, so a
-  normal merge pays nothing for it.
+  is first bounded from below by a few thousand elements of each input in memory (the unit just
+  read); only when the output passes ``RANGE_FACTOR`` times that bound are the inputs read again and
+  measured whole, so a normal merge pays nothing for it.
 
 ``stream_warnings(report)`` turns both lists into the report's warnings once streaming is done.
 """
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .plan import KeyPlan, MergeOptions, MergeReport
 
 RANGE_FACTOR = 100.0  # "far beyond": more than this times the largest magnitude of any input
-SAMPLE = 1 << 16  # elements of each input in memory that bound the inputs' magnitude from below
+SAMPLE = 4096  # elements of each input in memory that bound the inputs' magnitude from below
 
 
 class NonFiniteError(ArithmeticError):
@@ -54,10 +55,18 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return math.isfinite(magnitude(tensor))
 
 
+def known_magnitude(raw: list) -> float:
+    """A lower bound of the inputs' largest magnitude from what is in memory: the first ``SAMPLE``
+    elements of each input of the unit just evaluated (None where absent)."""
+    return max((magnitude(r.reshape(-1)[:SAMPLE]) for r in raw if r is not None and r.is_floating_point()),
+               default=0.0)
+
+
 def check_output(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport, sources: list,
-                 raw: list) -> torch.Tensor:
-    """``out`` (one key's finished output) after the checks of the module docstring; ``raw`` holds the
-    inputs of the unit just evaluated (the whole key, or its last slice), None where absent."""
+                 known: float) -> torch.Tensor:
+    """``out`` (one key's finished output, as it will be written) after the checks of the module
+    docstring; ``known`` bounds the inputs' largest magnitude from below (``known_magnitude``). The
+    pipeline runs it in its writer thread, before the key is written or cached."""
     size = magnitude(out)
     if not math.isfinite(size):
         if options.nonfinite == "error":
@@ -66,8 +75,6 @@ def check_output(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report
             report.nonfinite_origin = nonfinite_origin(sources, plan)
         report.nonfinite.append(plan.key)
         return out
-    known = max((magnitude(r.reshape(-1)[:SAMPLE]) for r in raw if r is not None and r.is_floating_point()),
-                default=0.0)
     if size > RANGE_FACTOR * known:  # only then measure the whole inputs (they may reach further)
         inputs = max((magnitude(t) for t in _inputs(sources, plan)), default=0.0)
         if size > RANGE_FACTOR * inputs:
@@ -133,7 +140,8 @@ def _present(sources: list, plan: KeyPlan) -> list:
 
 
 def _inputs(sources: list, plan: KeyPlan) -> list[Any]:
-    """Every present input's whole float tensor for ``plan.key``, read again (the arenas are reused)."""
+    """Every present input's whole float tensor for ``plan.key``, read again (the unit in memory may be a
+    slice of it)."""
     tensors = []
     for source in _present(sources, plan):
         if hasattr(source, "read_into"):

@@ -154,8 +154,9 @@ class FileSource:
     def read_into(self, key: str, buffer):
         return self.file.read_into(self._keys[key], buffer)
 
-    def read_range(self, key: str, buffer, first: int, last: int):
-        return self.file.read_range(self._keys[key], buffer, first, last)
+    def map(self, key: str, first: int | None = None, last: int | None = None):
+        """``key`` (or elements ``first:last``) read in place from the file (``SafetensorsFile.map``)."""
+        return self.file.map(self._keys[key], first, last)
 
     def tensor(self, key: str):
         """A fresh copy of ``key`` in its stored dtype."""

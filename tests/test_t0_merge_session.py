@@ -346,6 +346,31 @@ def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
     assert seen == {"plain": {0}, "drawn": {5}}  # the cache keys only "drawn" (and what uses it) on it
 
 
+def test_a_cached_intermediate_that_is_an_input_unchanged_stays_right_after_later_keys(tmp_path):
+    """rotate(a, b) with alignment 0 and alpha 0 returns a itself: the cache must keep its values, not a
+    view of memory that later keys reuse (or a mapping of the file held open)."""
+    from merge import recipe as R
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    files = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        gen = torch.Generator().manual_seed(seed)
+        files[name] = tmp_path / f"{name}.safetensors"
+        tensors = {k: torch.randn(s, generator=gen) for k, s in SHAPES.items() if k in FLOATS}  # fp32
+        save_file(tensors, str(files[name]))
+    cache = MergeCache(budget_mb=64)
+
+    def recipe(alpha: float):
+        return R.weighted_sum(R.rotate(R.model("a"), R.model("b"), alignment=0.0, alpha=0.0), R.model("b"),
+                              alpha=alpha)
+
+    merge(recipe(0.3), tmp_path / "1.safetensors", options(resolve=files.get, cache=cache, dtype="fp32"))
+    merge(recipe(0.6), tmp_path / "2.safetensors", options(resolve=files.get, cache=cache, dtype="fp32"))
+    merge(recipe(0.6), tmp_path / "3.safetensors", options(resolve=files.get, dtype="fp32"))
+    assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
+
+
 def test_the_budget_keeps_the_current_run_and_evicts_older_runs_first():
     from merge.cache import MergeCache
 
@@ -403,6 +428,31 @@ def test_check_stops_the_merge_with_no_file_left_and_the_cache_consistent(files,
     fresh = tmp_path / "fresh.safetensors"
     merge(recipe_of(), fresh, options(resolve=Counting(files)))
     assert 0 < report.cached_keys < len(FLOATS)
+    assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
+
+
+def test_a_key_stopped_between_its_slices_is_merged_whole_by_the_next_run(files, tmp_path):
+    """A key larger than the read budget streams in slices; stopped between two, it is not cached at all
+    (not as a key the recipe dropped), so the next run with the cache writes it whole."""
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache, seen = MergeCache(budget_mb=64), []
+
+    def check() -> None:
+        seen.append(1)
+        if len(seen) == 8:  # before the third of out.2.weight's six units
+            raise Interrupted
+
+    sliced = {"memory_budget_mb": 0, "chunk_elements": 4096}  # every key in units of 4096 elements
+    with pytest.raises(Interrupted):
+        merge(recipe_of(first="a"), tmp_path / "out.safetensors",
+              options(resolve=Counting(files), cache=cache, check=check, **sliced))
+    report = merge(recipe_of(first="a"), tmp_path / "out.safetensors",
+                   options(resolve=Counting(files), cache=cache, **sliced))
+    fresh = tmp_path / "fresh.safetensors"
+    merge(recipe_of(first="a"), fresh, options(resolve=Counting(files)))
+    assert report.skipped == [] and 0 < report.cached_keys < len(FLOATS)
     assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
 
 
