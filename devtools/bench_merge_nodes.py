@@ -132,7 +132,7 @@ def _core_chain(n: dict, names: list[str]):
 def _patchbay_merge(n: dict, names: list[str]):
     inputs = [n["PatchbayMergeDiffusionModel"]().make(unet_name=name)[0] for name in names]
     (recipe,) = n["PatchbayMethodNAverage"]().build(**{f"models_{i + 1}": r for i, r in enumerate(inputs)})
-    return n["PatchbayMerge"]().merge(recipe, cache_mb=0)[0]
+    return n["PatchbayMerge"]().merge(recipe, cache_mb=0)["result"][0]
 
 
 def probe(contender: str, arch: str, steps: int, latent_out: Path) -> dict:

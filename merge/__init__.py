@@ -10,7 +10,8 @@
   report and per-key plans; ``steps``, ``stream``, ``pipeline`` the compiled recipe, one key's
   evaluation and the reader/writer threads.
 - ``io``, ``lora``, ``extract``, ``cli``: files, LoRA inputs, LoRA extraction and the command line;
-  ``lora_keys`` names LoRA modules from fixed UNet layouts.
+  ``lora_keys`` names LoRA modules from fixed UNet layouts; ``fingerprint`` what the cache knows a
+  file by (``sources``, ``session``, ``cache``: what the ComfyUI nodes embed).
 
 Import it with the pack folder on ``sys.path``: ``from merge import recipe``. Nothing is imported
 here, so that loads only what it needs.

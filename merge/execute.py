@@ -2,9 +2,10 @@
 
 ``merge(recipe, out_path, MergeOptions(...))`` plans first (opens every input lazily, checks
 architectures, the output path, missing keys and shapes, works out every output tensor), then
-streams (merge/pipeline.py): a reader thread fills reused byte arenas with the next key's input
-tensors, the calling thread evaluates the recipe for that key (merge/stream.py), a writer thread
-appends the result to a temporary file, which is fsynced and renamed into place at the end.
+streams (merge/pipeline.py): a reader thread maps the next keys' input tensors from their files
+(read in place from the page cache), the calling thread evaluates the recipe for that key
+(merge/stream.py) and checks it (merge/checks.py), a writer thread appends the result to a temporary
+file, starting its writeback to disk as it goes, which is fsynced and renamed into place at the end.
 Nothing finished stays in memory; peak memory is torch itself plus about half the memory budget.
 
 Speed comes from not touching memory twice: methods flagged elementwise (weighted_sum,
@@ -53,10 +54,7 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
         with mio.SafetensorsWriter(out_path, outputs, metadata, options.overwrite, options.fsync) as writer:
             session.stream(writer)
             writer.commit()
-        if report.nonfinite:
-            shown = ", ".join(report.nonfinite[:3]) + (", ..." if len(report.nonfinite) > 3 else "")
-            report.warnings.append(f"{len(report.nonfinite)} tensors hold inf or NaN and were written anyway "
-                                   f"(--nonfinite warn): {shown}; at the first, {report.nonfinite_origin}")
+        session.finish()
         report.keys = len(writer.entries)
         report.bytes_written = writer.position
     report.seconds = time.perf_counter() - start

@@ -36,9 +36,12 @@ class ModelNode:
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
-            raise RecipeError((), f"a model path must be a non-empty string, got {self.path!r}")
+            raise RecipeError((), f"a model path must be a non-empty string, got {shown(self.path)}")
         if self.space not in SPACES or self.space == ANY:
             raise RecipeError((label(self),), f"merge space {self.space!r} is not weight, delta or param")
+        if self.config is not None and not isinstance(self.config, str):
+            raise RecipeError((label(self),), f"model_config {shown(self.config)} is not a config name; give "
+                                              f"a quoted id such as \"sd1-ldm\", or leave it out")
 
 
 @dataclass(frozen=True)
@@ -59,9 +62,9 @@ class LiteralNode:
             for key, item in value:
                 _check_map_key(key)
                 if not isinstance(item, _SCALAR_TYPES):
-                    raise RecipeError((), f"map entry {key!r}: {item!r} is not a scalar")
+                    raise RecipeError((), f"map entry {key!r}: {shown(item)} is not a scalar")
         elif not isinstance(value, _SCALAR_TYPES):
-            raise RecipeError((), f"a literal is a scalar or a dict of scalars, not {type(value).__name__}")
+            raise RecipeError((), f"a literal is a scalar or a dict of scalars, not {shown(value)}")
 
     @property
     def is_map(self) -> bool:
@@ -117,8 +120,8 @@ class FreeInput:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise RecipeError((), f"input name {self.name!r} must be an identifier (a quoted name "
-                                  f"such as \"alpha\", not a number)")
+            raise RecipeError((), f"input name {shown(self.name)} must be an identifier (a quoted name "
+                                  f"such as \"alpha\")")
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,8 @@ class ParamNode:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise RecipeError((), f"parameter name {self.name!r} must be an identifier (a quoted name "
-                                  f"such as \"alpha\", not a number)")
+            raise RecipeError((), f"parameter name {shown(self.name)} must be an identifier (a quoted name "
+                                  f"such as \"alpha\")")
 
 
 Node = Union[ModelNode, LiteralNode, CallNode, FreeInput, ParamNode]  # noqa: UP007
@@ -161,6 +164,16 @@ def label(node: Node) -> str:
     if isinstance(node, ParamNode):
         return f"param {node.name!r}"
     return f"literal {node.value!r}"
+
+
+def shown(value: object) -> str:
+    """A value as messages show it: a recipe node by its label (``model 'a.safetensors'``), never its
+    dataclass repr; anything else by its repr."""
+    if isinstance(value, CallNode):
+        return f"a {value.method} call"
+    if isinstance(value, (ModelNode, FreeInput, ParamNode, LiteralNode)):
+        return label(value)
+    return repr(value)
 
 
 def _check_map_key(key: object) -> None:

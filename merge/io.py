@@ -1,16 +1,17 @@
 """Lazy safetensors inputs and an atomic, streaming safetensors writer for the merge engine.
 
-Opening a model reads only its header; tensors are read one key at a time with ``os.preadv`` into
-buffers the caller owns (no mmap: mapped pages would count against the merge's resident memory,
-and fresh allocations cost page faults). The architecture is detected from key names and shapes:
-``sd15``, ``sdxl``, ``flux`` (whole checkpoints or UNet/transformer-only files), ``lora-kohya``,
-``lora-lycoris``, ``lora-peft`` or ``unknown``. Every problem with a file raises ``ModelFileError``
-naming the file and what to do.
+Opening a model reads only its header; tensors are read one key at a time: mapped (``map``: a private
+mapping of that key's bytes, read in place from the page cache, released with the tensor, so resident
+memory holds only the keys in flight) or read with ``os.preadv`` into buffers the caller owns. The
+architecture is detected from key names and shapes: ``sd15``, ``sdxl``, ``flux`` (whole checkpoints
+or UNet/transformer-only files), ``lora-kohya``, ``lora-lycoris``, ``lora-peft`` or ``unknown``. Every
+problem with a file raises ``ModelFileError`` naming the file and what to do.
 
 The writer knows every output tensor's name, dtype and shape before the first byte, so the header
 is written first and each tensor goes to its final offset as soon as it exists. Bytes go to a
 temporary file next to the output (``.<name>.<pid>-*.partial``: merge/partials.py removes those
-of killed merges); ``commit`` fsyncs and renames it into place (refusing to replace
+of killed merges); every 64 MiB appended, their writeback to disk is started without waiting, so the
+disk writes while the merge computes; ``commit`` fsyncs and renames it into place (refusing to replace
 an existing file unless ``overwrite``), ``abort`` (or any exception, Ctrl-C included, inside the
 ``with`` block) deletes it and leaves everything else untouched.
 """
@@ -18,6 +19,7 @@ an existing file unless ``overwrite``), ``abort`` (or any exception, Ctrl-C incl
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import tempfile
@@ -39,7 +41,8 @@ OUT_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 MAX_HEADER_BYTES = 100 * 2**20
 UNET_PREFIX = "model.diffusion_model."
-ALIGN = 64  # byte alignment of tensors in a read arena, the spill file and a written file's data
+WRITE_BACK_BYTES = 64 * 2**20  # appended bytes after which the writer starts writing them to disk
+ALIGN = 64  # byte alignment of tensors in the spill file and of a written file's data
 PICKLE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # torch zip, pickle
 
 
@@ -125,12 +128,27 @@ class SafetensorsFile:
                 got += more
         return target.view(info.torch_dtype).view(info.shape)
 
-    def read_range(self, key: str, buffer: torch.Tensor, first: int, last: int) -> torch.Tensor:
-        """Elements ``first:last`` of the flattened ``key`` into the front of ``buffer``: a 1-D view."""
+    def map(self, key: str, first: int | None = None, last: int | None = None) -> torch.Tensor:
+        """``key`` (native name), or elements ``first:last`` of it flattened (a 1-D tensor), over a private
+        mapping of the file: nothing is copied, the page cache is read in place. The pages are touched
+        here, so the thread that maps them takes the page faults (and, if the file is not cached, the
+        disk reads), not the one that computes. The mapping lives as long as the tensor; writing to
+        it would change only this process's copy, never the file."""
         info = self.tensors[key]
         size = info.torch_dtype.itemsize
-        part = TensorInfo(info.dtype, (last - first,), info.start + first * size, info.start + last * size)
-        return self._read(key, part, buffer)
+        shape = info.shape if first is None else (last - first,)
+        start = info.start if first is None else info.start + first * size
+        end = info.end if first is None else info.start + last * size
+        if end == start:
+            return torch.empty(shape, dtype=info.torch_dtype)
+        if os.fstat(self.fileno()).st_size < end:
+            raise ModelFileError(self.path, f"ends inside tensor {key!r} (it changed while it was read)",
+                                 "Fetch the file again.")
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(self.fileno(), end - base, access=mmap.ACCESS_COPY, offset=base)
+        data = torch.frombuffer(mapped, dtype=torch.uint8, count=end - start, offset=start - base)
+        data[:: mmap.PAGESIZE].sum()  # fault every page in now
+        return data.view(info.torch_dtype).view(shape)
 
     def read(self, key: str) -> torch.Tensor:
         """A freshly allocated copy of ``key`` (native name) in its stored dtype."""
@@ -302,7 +320,7 @@ class SafetensorsWriter:
         self.data_start += -self.data_start % ALIGN
         self.planned_size = self.data_start + sum(o.nbytes for o in outputs)
         self.entries: list[_Entry] = []
-        self.position = self.data_start
+        self.position = self._written_back = self.data_start
         self._fd: int | None = None
         self.temp_path: Path | None = None
 
@@ -340,6 +358,17 @@ class SafetensorsWriter:
             done += os.pwrite(self._fd, view[done:], self.position + done)
         self.entries.append((key, data.dtype, tuple(data.shape), len(view)))
         self.position += len(view)
+        if self.fsync and self.position - self._written_back >= WRITE_BACK_BYTES:
+            self._write_back()
+
+    def _write_back(self) -> None:
+        """Start writing the bytes appended since the last call to disk, without waiting for them (the
+        kernel's writeback of that range, POSIX_FADV_DONTNEED), so that ``commit``'s fsync finds
+        little left to do; where posix_fadvise is missing, ``commit`` writes everything."""
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fd, self._written_back, self.position - self._written_back,
+                             os.POSIX_FADV_DONTNEED)
+        self._written_back = self.position
 
     def commit(self) -> Path:
         """Write the header, fsync and rename into place; returns the final path."""

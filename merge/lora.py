@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import io as mio
+from .fingerprint import file_fingerprint
 from .lora_keys import kohya_names
 
 SUPPORTED = {"lora_up.weight", "lora_down.weight", "alpha", "hada_w1_a", "hada_w1_b", "hada_w2_a",
@@ -27,9 +28,11 @@ class LoraSource:
 
     space = "delta"
 
-    def __init__(self, file: mio.SafetensorsFile, base: object | None) -> None:
+    def __init__(self, file: mio.SafetensorsFile, base: object | None,
+                 fingerprint: tuple | None = None) -> None:
         """``base``: the model the LoRA applies to, a ``SafetensorsFile`` or any source (``keys()``,
-        ``info(key)``, ``arch``, ``fingerprint``) with canonical keys."""
+        ``info(key)``, ``arch``, ``fingerprint``) with canonical keys; ``fingerprint``: the file's
+        (merge/fingerprint.py), taken now when not given."""
         if base is None:
             raise mio.ModelFileError(file.path, "is a LoRA but the recipe has no checkpoint to map it onto",
                                      "Merge LoRAs into a model, e.g. add_difference(model, lora).")
@@ -60,8 +63,7 @@ class LoraSource:
                        f"(e.g. {self.unmapped[0]}) names a layer of it")
             raise mio.ModelFileError(file.path, problem, "Use a LoRA made for this base model.")
         self._shapes = {k: base_shape(k) for k in self.targets}
-        stat = file.path.stat()
-        self.fingerprint = ("lora", str(file.path), stat.st_size, stat.st_mtime_ns,
+        self.fingerprint = ("lora", fingerprint or file_fingerprint(file.path),
                             getattr(base, "fingerprint", None))
 
     def keys(self) -> list[str]:

@@ -52,6 +52,7 @@ class _Token:
     key: str | None
     value: Any
     value_column: int
+    text: str  # the value as written (messages show this, never a Python repr)
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,14 @@ def _tokens(line: str, i: int, number: int) -> list[_Token]:
         end_key = _key_end(line, i, number)
         if end_key is not None:
             key, i = line[i:end_key], end_key + 1
-        value_column = i + 1
+        value_column, value_start = i + 1, i
         if i < len(line) and line[i] == '"':
             value, i = _quoted(line, i, number)
         else:
             end = line.find(" ", i)
             end = len(line) if end < 0 else end
             value, i = _bare(line, i, end, number), end
-        tokens.append(_Token(start + 1, key, value, value_column))
+        tokens.append(_Token(start + 1, key, value, value_column, line[value_start:i]))
     return tokens
 
 
@@ -167,6 +168,7 @@ def _instruction(line: str, column: int, results: list[Any], number: int) -> Any
         raise MechaSyntaxError(number, column, f"unknown instruction {command!r}; expected one of "
                                                f"{', '.join(_COMMANDS)}", line)
     tokens = _tokens(line, column - 1 + len(command), number)
+    _check_strings(command, tokens, number, line)
     args = [_resolve(t, results, number, line) for t in tokens if t.key is None]
     kwargs: dict[str, Any] = {}
     for t in tokens:
@@ -180,6 +182,40 @@ def _instruction(line: str, column: int, results: list[Any], number: int) -> Any
         if isinstance(exc, (MechaSyntaxError, RecipeError)):
             raise
         raise MechaSyntaxError(number, column, f"{command}: {exc}", line) from None
+
+
+# the values each instruction takes as quoted strings: (names of its leading positional values, keywords)
+_STRINGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "model": (("the model path", "the model_config", "the merge_space"), ("model_config", "merge_space")),
+    "merge": (("the method name",), ()),
+    "input": (("input name",), ("merge_space",)),
+    "param": (("parameter name",), ()),
+    "literal": ((), ("model_config", "merge_space")),
+}
+_USAGE = {"model": 'model "path" [model_config="id"] [merge_space="weight|delta|param"]',
+          "merge": 'merge "method" &N ... [name=value ...]', "input": 'input "name" [merge_space="..."]',
+          "param": 'param "name"', "literal": "literal value|&N [model_config=...] [merge_space=...]"}
+
+
+def _check_strings(command: str, tokens: list[_Token], number: int, line: str) -> None:
+    """Refuse a value written where the instruction takes a quoted string (a number, a reference, a
+    stray token after a model line), naming it as written."""
+    names, keywords = _STRINGS.get(command, ((), ()))
+    positional = [t for t in tokens if t.key is None]
+    checked = [(what, t, index > 0) for index, (what, t) in enumerate(zip(names, positional, strict=False))]
+    checked += [(f"{t.key}=", t, True) for t in tokens if t.key in keywords]
+    for what, token, optional in checked:  # sd-mecha writes null for an unset config or space
+        if isinstance(token.value, str) or (optional and token.value is None):
+            continue
+        kind = ("a reference to an earlier line" if isinstance(token.value, _Ref)
+                else "a number" if isinstance(token.value, (int, float)) and not isinstance(token.value, bool)
+                else "a constant")
+        if what.endswith(" name") and command in ("input", "param"):
+            problem = (f"{what} {token.text} must be an identifier (a quoted name such as \"alpha\"), "
+                       f"not {kind}")
+        else:
+            problem = f"{what} must be a quoted string, got {token.text} ({kind}); write {_USAGE[command]}"
+        raise MechaSyntaxError(number, token.value_column, f"{command}: {problem}", line)
 
 
 def _resolve(token: _Token, results: list[Any], number: int, line: str) -> Any:

@@ -1,14 +1,19 @@
 """Streaming a planned merge: read-ahead thread, per-key evaluation, writer thread.
 
-Three threads share the work and never hold more than a few keys: the reader fills one of two
-reused byte arenas with the next unit's raw input tensors (``os.preadv``, GIL released) and computes
-LoRA deltas; the calling thread evaluates the recipe into one of two reused output buffers; the
-writer appends finished tensors to the temporary output file. Buffers go back to their pools as
-soon as they are consumed, so memory stays flat whatever the model size.
+Three threads share the work and never hold more than a few keys: the reader maps the next units'
+input tensors from their files (``SafetensorsFile.map``: read in place from the page cache, its page
+faults taken in the reader, GIL released) and computes LoRA deltas, at most ``prefetch + 1`` units
+ahead; the calling thread evaluates the recipe into one of two to six reused output buffers; the
+writer checks each finished tensor (merge/checks.py), caches it and appends it to the temporary
+output file (starting its writeback to disk as it goes). Deep queues matter on a busy machine: a
+thread that was not scheduled for a while catches up without stalling the others.
+A unit's inputs are released by the reader once the calling thread is done with them, and buffers go
+back to their pools as soon as they are consumed, so memory stays flat whatever the model size.
 
-A unit is a whole key, or, for elementwise recipes whose inputs for one key would not fit an
-arena (eight inputs of SD1.5's largest conv are 472 MB), a slice of its elements: the reader then
-reads that byte range of every input and the slices are evaluated into the key's output buffer.
+A unit is a whole key, or, for elementwise recipes whose inputs for one key would be more than an
+eighth of the memory budget (eight inputs of SD1.5's largest conv are 472 MB), a slice of its
+elements: the reader then maps that byte range of every input and the slices are evaluated into the
+key's output buffer.
 
 With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
 ``Graph.key_id`` is written from the cache without reading its inputs, and each computed key is
@@ -25,7 +30,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,15 +38,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
+from .checks import check_output, known_magnitude
 from .context import KeyContext
 from .io import ALIGN
+from .plan import cache_salt
 from .steps import Graph
-from .stream import Evaluator, NonFiniteError, Spill, all_finite, chunkable
+from .stream import Evaluator, Spill, chunkable
 
 if TYPE_CHECKING:
     from .plan import KeyPlan, MergeOptions, MergeReport
 
 _DONE = object()
+OUT_BUFFERS = (2, 6)  # the calling thread computes into one while the writer drains the others
 
 
 @dataclass(frozen=True)
@@ -60,19 +68,20 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
         report: MergeReport, spill_dir: Path | None = None) -> None:
     """Stream every planned key through read-ahead, evaluation and ``sink`` (see module docstring)."""
     budget = options.memory_budget_mb * 2**20
-    capacity = max(ALIGN, budget // 8)  # two arenas: a quarter of the budget
+    capacity = max(ALIGN, budget // 8)  # a unit's inputs; the units in flight: a quarter of the budget
     cache = options.cache if hasattr(options.cache, "put") else None
-    salt = (options.seed, options.shape_policy, options.missing_policy, options.device)
+    salt = cache_salt(options)
     cached = _cached_results(graph, plans, cache, salt, report.arch) if cache is not None else {}
     report.cached_keys += len(cached)
     units = list(split_units(graph, sources, plans, options, capacity, cached))
-    arena_bytes = max((_unit_bytes(sources, u) for u in units), default=ALIGN)
-    arenas = max(1, min(options.prefetch + 1, (budget // 4) // arena_bytes))
+    unit_bytes = max((_unit_bytes(sources, u) for u in units), default=ALIGN)
+    slots = max(1, min(options.prefetch + 1, (budget // 4) // unit_bytes))
     out_bytes = max((math.prod(p.shape) * p.dtype.itemsize for p in plans), default=ALIGN)
+    outs = max(OUT_BUFFERS[0], min(OUT_BUFFERS[1], (budget // 4) // out_bytes))  # a quarter of the budget
     spill = Spill(spill_dir or options.spill_dir or Path(sink.path).parent)
     evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources, cache=cache, salt=salt,
                           check=options.check)
-    pipe = _Pipeline(sources, units, sink, arenas, arena_bytes, out_bytes)
+    pipe = _Pipeline(sources, units, sink, slots, outs, out_bytes)
     previous_threads = torch.get_num_threads()
     if options.threads > 0:
         torch.set_num_threads(options.threads)
@@ -80,10 +89,10 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
         pipe.start()
         total, done = sum(math.prod(p.shape) * p.dtype.itemsize for p in plans), 0
         with _progress(options, total, Path(getattr(sink, "path", "merge"))) as bar:
-            for unit, arena, raw in pipe.inputs():
+            for unit, raw in pipe.inputs():
                 if options.check is not None:
                     options.check()
-                _run_unit(pipe, evaluator, graph, unit, arena, raw, options, report, cache, salt)
+                _run_unit(pipe, evaluator, graph, unit, raw, options, report, cache, salt)
                 size = (unit.end - unit.start) if unit.sliced else math.prod(unit.plan.shape)
                 bar.update(size * unit.plan.dtype.itemsize)
                 done += size * unit.plan.dtype.itemsize
@@ -97,7 +106,7 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
         spill.close()
 
 
-def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, arena: Any, raw: Any,
+def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, raw: Any,
               options: MergeOptions, report: MergeReport, cache: Any, salt: tuple) -> None:
     """Evaluate one unit (or take it from the cache) and hand a finished key to the writer."""
     plan = unit.plan
@@ -115,12 +124,24 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, a
         result = _compute_slice(evaluator, graph, unit, raw, out_buffer, options, report)
     else:
         result = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
-    pipe.release_arena(arena)
-    if cache is not None and plan.passthrough is None:
-        cache.put(root_id(graph, plan, salt, report.arch), DROPPED if result is None else result.clone())
-        cache.settle()
-    if result is not None:
+    known = known_magnitude(raw) if result is not None and plan.passthrough is None else 0.0
+    pipe.release(raw)
+    if result is None:
+        if cache is not None and plan.passthrough is None and not unit.sliced:  # the recipe dropped it
+            cache.put(root_id(graph, plan, salt, report.arch), DROPPED)
+            cache.settle()
+        return
+    if plan.passthrough is not None:  # copied, not computed: nothing to check or cache
         pipe.write(plan.key, result)
+        return
+
+    def checked(out: torch.Tensor) -> None:  # in the writer thread: checked, then cached, then written
+        check_output(out, plan, options, report, evaluator.sources, known)
+        if cache is not None:
+            cache.put(root_id(graph, plan, salt, report.arch), out.clone())
+            cache.settle()
+
+    pipe.write(plan.key, result, before=checked)
 
 
 DROPPED = torch.empty(0)  # cached for a key the recipe leaves out (pick_component): nothing to write
@@ -164,7 +185,7 @@ def split_units(graph: Graph, sources: list, plans: list[KeyPlan], options: Merg
 
 def _sliceable(graph: Graph, sources: list, plan: KeyPlan, options: MergeOptions) -> bool:
     return (plan.passthrough is None and options.device == "cpu" and chunkable(graph.root)
-            and all(present and hasattr(s, "read_range") and s.info(plan.key).shape == plan.shape
+            and all(present and hasattr(s, "map") and s.info(plan.key).shape == plan.shape
                     for s, present in zip(sources, plan.present, strict=True)))
 
 
@@ -173,7 +194,7 @@ def _unit_bytes(sources: list, unit: Unit) -> int:
         return ALIGN
     total = 0
     for source, present in zip(sources, unit.plan.present, strict=True):
-        if present and hasattr(source, "read_into"):
+        if present and hasattr(source, "map"):
             info = source.info(unit.plan.key)
             size = (unit.end - unit.start) * info.torch_dtype.itemsize if unit.sliced else info.nbytes
             total += size + (-size % ALIGN)
@@ -188,9 +209,7 @@ def _compute_slice(evaluator: Evaluator, graph: Graph, unit: Unit, raw: list, ou
     out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
     ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
     evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
-    if unit.end < numel:
-        return None
-    return _checked(out.view(plan.shape), plan, options, report, evaluator.sources)
+    return out.view(plan.shape) if unit.end == numel else None
 
 
 def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
@@ -211,8 +230,10 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
             and next(iter(shapes)) == plan.shape and chunkable(graph.root)):
         out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
         evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
-        return _checked(out.view(plan.shape), plan, options, report, evaluator.sources)
-    leaves = [None if r is None else r.to(options.device).float() for r in raw]
+        return out.view(plan.shape)
+    # fp32 copies, never views of the inputs: a method may return an input unchanged, and what the cache
+    # keeps must not hold a file mapping (nor its descriptor) open
+    leaves = [None if r is None else r.to(options.device, torch.float32, copy=True) for r in raw]
     result = evaluator.evaluate(graph.root, leaves, ctx)
     if result is None:
         report.skipped.append(plan.key)
@@ -220,8 +241,7 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
     size = result.numel() * plan.dtype.itemsize
     if size > out_buffer.numel():
         out_buffer = torch.empty(size, dtype=torch.uint8)
-    out = out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
-    return _checked(out, plan, options, report, evaluator.sources)
+    return out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
 
 
 def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> bool:
@@ -234,38 +254,6 @@ def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> 
         return False
 
 
-def _checked(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport,
-             sources: list) -> torch.Tensor:
-    if not all_finite(out):
-        if options.nonfinite == "error":
-            raise NonFiniteError(f"{plan.key}: the merged tensor holds inf or NaN; "
-                                 f"{nonfinite_origin(sources, plan)}; or write it anyway with "
-                                 "--nonfinite warn (MergeOptions(nonfinite='warn'))")
-        if not report.nonfinite:
-            report.nonfinite_origin = nonfinite_origin(sources, plan)
-        report.nonfinite.append(plan.key)
-    return out
-
-
-def nonfinite_origin(sources: list, plan: KeyPlan) -> str:
-    """Where a non-finite output of ``plan.key`` comes from: an input file, or the recipe itself."""
-    bad = []
-    for source, present in zip(sources, plan.present, strict=True):
-        if not present:
-            continue
-        if hasattr(source, "read_into"):
-            info = source.info(plan.key)
-            tensor = source.read_into(plan.key, torch.empty(info.nbytes, dtype=torch.uint8))
-        else:
-            tensor = source.tensor(plan.key)
-        if tensor.is_floating_point() and not all_finite(tensor):
-            bad.append(source.name)
-    if bad:
-        files = " and ".join(bad)
-        return f"it comes from the input file {files}, which holds it at this key (fix or re-fetch it)"
-    return "the recipe made it (every input is finite here): check the methods' parameters"
-
-
 def _progress(options: MergeOptions, total: int, path: Path) -> tqdm:
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=path.name, leave=False,
                 disable=not options.progress)
@@ -274,14 +262,14 @@ def _progress(options: MergeOptions, total: int, path: Path) -> tqdm:
 class _Pipeline:
     """The reader and writer threads with their buffer pools; errors surface in the calling thread."""
 
-    def __init__(self, sources: list, units: list[Unit], writer: Any, arenas: int,
-                 arena_bytes: int, out_bytes: int) -> None:
+    def __init__(self, sources: list, units: list[Unit], writer: Any, slots: int, outs: int,
+                 out_bytes: int) -> None:
         self.sources, self.units, self.writer = sources, units, writer
-        self.free_arenas: queue.Queue = queue.Queue()
-        for _ in range(arenas):
-            self.free_arenas.put(torch.empty(arena_bytes, dtype=torch.uint8))
+        self.free_slots: queue.Queue = queue.Queue()  # each holds the inputs of a finished unit, or nothing
+        for _ in range(slots):
+            self.free_slots.put([])
         self.free_out: queue.Queue = queue.Queue()
-        for _ in range(2):
+        for _ in range(outs):
             self.free_out.put(torch.empty(out_bytes, dtype=torch.uint8))
         self.ready: queue.Queue = queue.Queue()
         self.to_write: queue.Queue = queue.Queue()
@@ -318,23 +306,12 @@ class _Pipeline:
         try:
             for unit in self.units:
                 if unit.cached is not None:
-                    self.ready.put((unit, None, None))
+                    self.ready.put((unit, None))
                     continue
-                arena = self._get(self.free_arenas)
-                raw, offset, key = [], 0, unit.plan.key
-                for source, present in zip(self.sources, unit.plan.present, strict=True):
-                    if not present:
-                        raw.append(None)
-                    elif unit.sliced:
-                        raw.append(source.read_range(key, arena[offset:], unit.start, unit.end))
-                    elif hasattr(source, "read_into"):
-                        raw.append(source.read_into(key, arena[offset:]))
-                    else:
-                        raw.append(source.tensor(key))
-                    if raw[-1] is not None and hasattr(source, "read_into"):
-                        offset += raw[-1].numel() * raw[-1].element_size()
-                        offset += -offset % ALIGN
-                self.ready.put((unit, arena, raw))
+                self._get(self.free_slots).clear()  # a unit's inputs, released here, off the calling thread
+                raw = [_read(source, unit) if present else None
+                       for source, present in zip(self.sources, unit.plan.present, strict=True)]
+                self.ready.put((unit, raw))
             self.ready.put(_DONE)
         except _Stopped:
             return
@@ -351,19 +328,22 @@ class _Pipeline:
             self._check_writer()
             yield item
 
-    def release_arena(self, arena: torch.Tensor) -> None:
-        self.free_arenas.put(arena)
+    def release(self, raw: list | None) -> None:
+        """The calling thread is done with a unit's inputs: the reader drops them (and their mappings)."""
+        self.free_slots.put(raw if raw is not None else [])
 
     def take_out_buffer(self) -> torch.Tensor:
         if self._pending_out is None:
             self._pending_out = self._get(self.free_out)
         return self._pending_out
 
-    def write(self, key: str, tensor: torch.Tensor, cached: bool = False) -> None:
+    def write(self, key: str, tensor: torch.Tensor, cached: bool = False,
+              before: Callable[[torch.Tensor], None] | None = None) -> None:
+        """Hand ``tensor`` to the writer thread, which runs ``before(tensor)`` first (the checks)."""
         buffer = None
         if not cached:
             buffer, self._pending_out = self._pending_out, None
-        self.to_write.put((key, tensor.contiguous(), buffer))
+        self.to_write.put((key, tensor.contiguous(), buffer, before))
 
     def _write_all(self) -> None:
         with torch.inference_mode(self.inference):
@@ -375,7 +355,9 @@ class _Pipeline:
                 item = self._get(self.to_write)
                 if item is _DONE:
                     return
-                key, tensor, buffer = item
+                key, tensor, buffer, before = item
+                if before is not None:
+                    before(tensor)
                 self.writer.append(key, tensor)
                 if buffer is not None:
                     self.free_out.put(buffer)
@@ -399,6 +381,13 @@ class _Pipeline:
         for thread in (self.reader, self.writer_thread):
             if thread.is_alive():
                 thread.join()
+
+
+def _read(source: Any, unit: Unit) -> torch.Tensor:
+    """One input of ``unit``: mapped from its file, or the source's tensor (a LoRA delta, a MODEL)."""
+    if not hasattr(source, "map"):
+        return source.tensor(unit.plan.key)
+    return source.map(unit.plan.key, unit.start, unit.end) if unit.sliced else source.map(unit.plan.key)
 
 
 class _Stopped(Exception):

@@ -45,9 +45,10 @@ class MergeOptions:
 
     ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``device``: where
     the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds what the merge holds
-    besides torch itself: read-ahead arenas get a quarter (one arena, no read-ahead, when a key's
-    inputs are larger), the intermediates of one key half; above that they are spilled to a
-    temporary file next to the output (or in ``spill_dir``).
+    besides torch itself: the inputs of the keys read ahead (up to ``prefetch`` keys besides the one
+    being merged; one key, no read-ahead, when a key's inputs are larger) get a quarter, the output
+    buffers the writer drains a quarter (two to six), the intermediates of one key half; above that
+    they are spilled to a temporary file next to the output (or in ``spill_dir``).
     ``nonfinite``: ``"error"`` or ``"warn"`` when an output tensor holds inf/NaN. ``search_dirs``:
     folders where relative model paths are looked up after the current folder. ``cache``: pass
     the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``), or a
@@ -70,7 +71,7 @@ class MergeOptions:
     seed: int = 0
     progress: bool = True
     fsync: bool = True
-    prefetch: int = 1
+    prefetch: int = 3
     chunk_elements: int = 1 << 16
     search_dirs: tuple[Path, ...] = ()
     cache: Any = field(default=None, compare=False)
@@ -88,6 +89,12 @@ class MergeOptions:
                 raise ValueError(f"MergeOptions.{name}={value!r}; choose one of {', '.join(allowed)}")
 
 
+def cache_salt(options: MergeOptions) -> tuple:
+    """The options every cached result depends on besides its ``Graph.key_id`` (which holds the merge
+    seed where a random method uses it): the shape and missing-key policies and the device."""
+    return (options.shape_policy, options.missing_policy, options.device)
+
+
 @dataclass
 class MergeReport:
     """What a merge did: output, key counts, seconds, and every key a policy touched."""
@@ -102,6 +109,7 @@ class MergeReport:
     skipped: list[str] = field(default_factory=list)
     nonfinite: list[str] = field(default_factory=list)
     nonfinite_origin: str = ""
+    out_of_range: list[tuple[str, float, float]] = field(default_factory=list)  # (key, output, inputs)
     spilled_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
     cached_keys: int = 0  # keys taken whole from a MergeCache (their inputs not read)

@@ -37,6 +37,7 @@ from .graph import (
     RecipeError,
     Scalar,
     label,
+    shown,
 )
 from .names import ANY, PARAM, did_you_mean
 from .registry import MergeMethod
@@ -117,8 +118,8 @@ def _as_tensor(spec: MergeMethod, index: int, value: Any) -> Node:
         return value
     name = _input_label(spec, index)
     hint = " (wrap a file path in model(...))" if isinstance(value, str) else ""
-    raise RecipeError((name,), f"expects a tensor recipe (model, method call or free input), "
-                               f"got {type(value).__name__} {value!r}{hint}")
+    got = shown(value) if isinstance(value, (LiteralNode, ParamNode)) else f"{type(value).__name__} {value!r}"
+    raise RecipeError((name,), f"expects a tensor recipe (model, method call or free input), got {got}{hint}")
 
 
 def _complete_kwargs(spec: MergeMethod, kwargs: Mapping[str, Any]) -> tuple[tuple[str, Node], ...]:
@@ -288,7 +289,7 @@ def _check_bind_names(root: Node, inputs: Mapping[str, Node], values: Mapping[st
             raise RecipeError(("bind",), f"no open input {name!r}{did_you_mean(name, open_inputs)}; "
                                          f"open inputs: {', '.join(open_inputs) or 'none'}")
         if not isinstance(value, TENSOR_NODES):
-            raise RecipeError(("bind", f"input {name!r}"), f"expects a tensor recipe, got {value!r}")
+            raise RecipeError(("bind", f"input {name!r}"), f"expects a tensor recipe, got {shown(value)}")
     open_params = set(params(root)).union(*(params(v) for v in inputs.values()))
     for name in values:
         if name not in open_params:

@@ -10,7 +10,9 @@ annotation gives the output space (``AnySpace`` = the space of the ``AnySpace`` 
 
 The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn`` always accepts
 ``ctx`` even when the decorated function does not declare it. ``elementwise=True`` lets it call
-``fn`` on slices of the tensors.
+``fn`` on slices of the tensors. ``random=True`` says the method draws random numbers (from
+``ctx.seed`` / ``ctx.generator()``): only such methods see the merge seed (the others get 0), so only
+their results, and what is computed from them, are cached per seed.
 
 Importing this module registers the built-in methods (merge/methods/, imported at its end); a
 built-in module that fails to import fails this import too, so no caller sees methods missing.
@@ -119,6 +121,7 @@ class MergeMethod:
     fn: Callable[..., Any]
     accepts_missing: bool = False
     elementwise: bool = False
+    random: bool = False
 
     @property
     def variadic(self) -> bool:
@@ -144,18 +147,19 @@ class MergeMethod:
 _REGISTRY: dict[str, MergeMethod] = {}
 
 
-def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = None,
-                 paper: str | None = None, accepts_missing: bool = False, elementwise: bool = False) -> Any:
+def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = None, paper: str | None = None,
+                 accepts_missing: bool = False, elementwise: bool = False, random: bool = False) -> Any:
     """Register ``fn`` as a merge method; usable bare (``@merge_method``) or with options.
 
     ``name`` defaults to the function name; ``paper`` is a URL shown in the methods table;
     ``accepts_missing`` makes the executor pass ``None`` for inputs that lack the key;
     ``elementwise`` declares that output element i depends only on element i of the inputs, with
-    no randomness, so the executor may evaluate the method slice by slice.
+    no randomness, so the executor may evaluate the method slice by slice; ``random`` that it draws
+    random numbers from ``ctx.seed`` (see the module docstring).
     Raises ``MethodDefinitionError`` for a bad signature or an already registered name.
     """
     def register(func: Callable[..., Any]) -> MergeMethod:
-        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise)
+        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise, random)
         if method.name in _REGISTRY:
             raise MethodDefinitionError(
                 f"merge method {method.name!r} is already registered; pick another name "
@@ -195,7 +199,7 @@ def scope() -> Iterator[None]:
 # ---- signature checking ---------------------------------------------------------------------------
 
 def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missing: bool,
-           elementwise: bool) -> MergeMethod:
+           elementwise: bool, random: bool = False) -> MergeMethod:
     where = f"merge method {name!r} ({func.__module__}.{func.__qualname__})"
     if not name.isidentifier():
         raise MethodDefinitionError(f"{where}: the name must be an identifier")
@@ -230,8 +234,11 @@ def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missi
     doc = (inspect.getdoc(func) or "").strip().splitlines()
     if not doc:
         raise MethodDefinitionError(f"{where}: give it a docstring; its first line is the method's doc")
+    if random and elementwise:
+        raise MethodDefinitionError(f"{where}: a random method cannot be elementwise (its slices would "
+                                    f"draw differently from the whole tensor)")
     return MergeMethod(name, doc[0], paper, tuple(inputs), tuple(params), output,
-                       func if takes_ctx else _drop_ctx(func), accepts_missing, elementwise)
+                       func if takes_ctx else _drop_ctx(func), accepts_missing, elementwise, random)
 
 
 def _input_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> InputSpec:

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from . import pipeline
+from .checks import check_evaluated, stream_warnings
 from .context import KeyContext
-from .plan import KeyPlan, MergeOptions, MergeReport, plan_keys
+from .plan import KeyPlan, MergeOptions, MergeReport, cache_salt, plan_keys
 from .steps import compile_recipe, recipe_text
 from .stream import Evaluator
 
@@ -33,7 +34,7 @@ class MergeSession:
     def __init__(self, recipe: object, options: MergeOptions | None = None, path: Path | None = None) -> None:
         self.recipe = recipe
         self.options = options = options or MergeOptions()
-        self.graph = compile_recipe(recipe, options.search_dirs, options.cache, options.resolve)
+        self.graph = compile_recipe(recipe, options.search_dirs, options.cache, options.resolve, options.seed)
         self.report = MergeReport(path=path or Path())
         self.sources = self.graph.open_sources()
         try:
@@ -41,7 +42,7 @@ class MergeSession:
         except BaseException:
             self.close()
             raise
-        self._salt = (options.seed, options.shape_policy, options.missing_policy, options.device)
+        self._salt = cache_salt(options)
 
     @property
     def arch(self) -> str:
@@ -67,6 +68,12 @@ class MergeSession:
         chosen = self.plans if plans is None else plans
         pipeline.run(self.graph, self.sources, chosen, sink, self.options, self.report, spill_dir)
 
+    def finish(self) -> MergeReport:
+        """The report once every key is streamed, with the warnings about the values written (inf or NaN
+        kept by ``nonfinite="warn"``, values far beyond every input's range: merge/checks.py)."""
+        self.report.warnings += stream_warnings(self.report)
+        return self.report
+
     def source_dtype(self, key: str) -> torch.dtype:
         """The stored dtype of ``key`` in the first weight input that has it (what loading it gives)."""
         for source in self.sources:
@@ -88,6 +95,8 @@ class MergeSession:
                               salt=self._salt)
         ctx = KeyContext(key=key, seed=self.options.seed, device=device, arch=self.arch)
         result = evaluator.evaluate(self.graph.root, leaves, ctx)
+        if isinstance(result, torch.Tensor) and result.is_floating_point():
+            check_evaluated(result, key, leaves, self.options, self.report, self.sources)
         if cache is not None:
             if isinstance(result, torch.Tensor):
                 cache.put(ident, result)

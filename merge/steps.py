@@ -16,7 +16,6 @@ step depends on, for the cache (merge/cache.py).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from . import io as mio
 from . import registry
+from .fingerprint import file_fingerprint
 from .graph import CallNode, FreeInput, LiteralNode, ModelNode, ParamNode, RecipeError
 
 
@@ -56,6 +56,7 @@ class SourceSpec:
     path: Path | None
     space: str
     source: Any = None  # a MemorySource (or any object with the source interface) instead of a file
+    fingerprint: Any = None  # the file's (merge/fingerprint.py) or the source's, taken when compiled
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Graph:
     root: Any
     sources: list[SourceSpec]
     fingerprints: list = field(default_factory=list)
+    seed: int = 0  # the merge seed: part of the key ids of random calls only
 
     def open_sources(self) -> list:
         """Open every source lazily (headers only); LoRA files become delta-space sources mapped onto the
@@ -84,8 +86,9 @@ class Graph:
             base = next((FileSource(s) if isinstance(s, mio.SafetensorsFile) else s for s in weights), None)
             for i, (spec, item) in enumerate(zip(self.sources, opened, strict=True)):
                 if isinstance(item, mio.SafetensorsFile):
-                    opened[i] = lora.LoraSource(item, base) if item.arch.startswith("lora") \
-                        else FileSource(item, spec.space)
+                    lora_file = item.arch.startswith("lora")
+                    opened[i] = lora.LoraSource(item, base, spec.fingerprint) if lora_file \
+                        else FileSource(item, spec.space, spec.fingerprint)
         except BaseException:
             for item in opened:
                 item.close()
@@ -113,8 +116,8 @@ class Graph:
 
     def key_id(self, step: Any, key: str, arch: str) -> tuple:
         """What ``step``'s result for ``key`` depends on: the methods, their parameters resolved for this
-        key, and the inputs' fingerprints (set by ``open_sources``). Equal ids give equal results
-        under equal merge options (seed, policies), which the caller adds."""
+        key, the inputs' fingerprints (set by ``open_sources``) and, for random methods only, the merge
+        seed. Equal ids give equal results under equal merge policies, which the caller adds."""
         if isinstance(step, Leaf):
             return ("leaf", self.fingerprints[step.index], key)
         if not isinstance(step, Call):
@@ -122,18 +125,19 @@ class Graph:
         args = tuple(self.key_id(arg, key, arch) for arg in step.args)
         params = tuple((name, self.key_id(v, key, arch) if isinstance(v, Call) else self.scalar(v, key, arch))
                        for name, v in step.kwargs.items())
-        return (step.method.name, args, params)
+        return (step.method.name, args, params, self.seed if step.method.random else None)
 
 
 class FileSource:
     """A model file used as an input, in weight space unless the recipe says otherwise."""
 
-    def __init__(self, file: mio.SafetensorsFile, space: str = "weight") -> None:
+    def __init__(self, file: mio.SafetensorsFile, space: str = "weight",
+                 fingerprint: tuple | None = None) -> None:
         self.file, self.space, self.arch = file, space, file.arch
         self.name = file.path.name
         self.path = file.path
         self._keys = {file.canonical(k): k for k in file.tensors}
-        self.fingerprint = file_fingerprint(file.path)
+        self.fingerprint = fingerprint or file_fingerprint(file.path)
 
     def keys(self) -> list[str]:
         return list(self._keys)
@@ -150,8 +154,9 @@ class FileSource:
     def read_into(self, key: str, buffer):
         return self.file.read_into(self._keys[key], buffer)
 
-    def read_range(self, key: str, buffer, first: int, last: int):
-        return self.file.read_range(self._keys[key], buffer, first, last)
+    def map(self, key: str, first: int | None = None, last: int | None = None):
+        """``key`` (or elements ``first:last``) read in place from the file (``SafetensorsFile.map``)."""
+        return self.file.map(self._keys[key], first, last)
 
     def tensor(self, key: str):
         """A fresh copy of ``key`` in its stored dtype."""
@@ -162,7 +167,7 @@ class FileSource:
 
 
 def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any = None,
-                   resolve: Callable[[str], Any] | None = None) -> Graph:
+                   resolve: Callable[[str], Any] | None = None, seed: int = 0) -> Graph:
     """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``,
     or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``).
 
@@ -180,7 +185,8 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
         if ident not in index:
             index[ident] = len(sources)
             is_file = isinstance(target, Path)
-            sources.append(SourceSpec(target if is_file else None, node.space, None if is_file else target))
+            sources.append(SourceSpec(target if is_file else None, node.space, None if is_file else target,
+                                      file_fingerprint(target) if is_file else target.fingerprint))
         return Leaf(index[ident])
 
     def visit(node: Any) -> Any:
@@ -206,7 +212,7 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
     root = visit(recipe)
     if not sources:
         raise RecipeError((), "the recipe has no model input; nothing to merge")
-    return Graph(root, sources)
+    return Graph(root, sources, seed=seed)
 
 
 def _call_cache(cache: Any, node: CallNode, step: Call, sources: list[SourceSpec]) -> Any:
@@ -220,8 +226,7 @@ def _inputs_id(args: tuple, sources: list[SourceSpec]) -> tuple:
     out = []
     for arg in args:
         if isinstance(arg, Leaf):
-            spec = sources[arg.index]
-            out.append(file_fingerprint(spec.path) if spec.source is None else spec.source.fingerprint)
+            out.append(sources[arg.index].fingerprint)
         elif isinstance(arg, Call):
             params = tuple((k, v if not isinstance(v, Call) else _inputs_id((v,), sources))
                            for k, v in arg.kwargs.items())
@@ -229,15 +234,6 @@ def _inputs_id(args: tuple, sources: list[SourceSpec]) -> tuple:
         else:
             out.append(arg)
     return tuple(out)
-
-
-def file_fingerprint(path: Path | None) -> tuple:
-    """(path, size, mtime) of a file: a changed file gets a new fingerprint (merge/cache.py)."""
-    try:
-        stat = os.stat(path)
-    except (OSError, TypeError):
-        return ("file", str(path))
-    return ("file", str(path), stat.st_size, stat.st_mtime_ns)
 
 
 def _method_of(node: CallNode) -> registry.MergeMethod:

@@ -10,7 +10,6 @@ temporary file next to the output and read back just before the method that need
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -22,10 +21,6 @@ import torch
 from .context import KeyContext
 from .io import ALIGN
 from .steps import Call, Graph, Leaf
-
-
-class NonFiniteError(ArithmeticError):
-    """An output tensor holds inf or NaN (MergeOptions.nonfinite='error')."""
 
 
 class MethodError(ValueError):
@@ -168,9 +163,11 @@ def apply(step: Call, args: list, scalars: dict, ctx: KeyContext) -> Any:
 
 def context_for(ctx: KeyContext, step: Call) -> KeyContext:
     """The KeyContext of one (method call, key): its cache persists across merges of this recipe
-    (a trace on meta tensors gets a throwaway one)."""
+    (a trace on meta tensors gets a throwaway one); only a random method sees the merge seed (the
+    cache keys only those on it: ``Graph.key_id``)."""
     cache = {} if str(ctx.device) == "meta" else step.cache.setdefault(ctx.key, {})
-    return KeyContext(key=ctx.key, cache=cache, seed=ctx.seed, device=ctx.device, arch=ctx.arch)
+    seed = ctx.seed if step.method.random else 0
+    return KeyContext(key=ctx.key, cache=cache, seed=seed, device=ctx.device, arch=ctx.arch)
 
 
 def fill_missing(step: Call, index: int, value: Any, tensors: list) -> Any:
@@ -201,14 +198,6 @@ def chunkable(step: Any) -> bool:
     if isinstance(step, Call):
         return step.elementwise and all(chunkable(a) for a in (*step.args, *step.kwargs.values()))
     return True
-
-
-def all_finite(out: torch.Tensor) -> bool:
-    """True when every element is finite: one sum (inf/NaN propagate), an exact mask only when that
-    sum is not finite (it may have overflowed the dtype's range)."""
-    if math.isfinite(out.sum().item()):  # accumulates in fp32 for fp16/bf16, without a widened copy
-        return True
-    return bool(torch.isfinite(out).all())
 
 
 # ---- spill file ---------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ and files whose real path (symlinks resolved) lies outside that folder kind's co
 So a workflow someone shares cannot make the nodes read or write anything else.
 
 Outputs: ``output_file`` (Save: under the output folder) and ``lora_file`` (Extract: the first loras
-folder) take a relative name, refuse ``..`` and absolute paths, and pick the name by ``if_exists``.
+folder) take a relative name, refuse ``..``, absolute paths and names whose folder (symlinks resolved)
+leaves that folder, before any folder is made, and pick the name by ``if_exists``.
 Recipes: ``.mecha`` files in the ``recipes`` folder (``models/recipes``, registered here).
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import folder_paths
 
+from ..merge.names import nearest, suggestion
 from . import lora_files
 
 FOLDERS = {"checkpoints": "checkpoints", "diffusion_models": "diffusion_models", "unet": "diffusion_models",
@@ -70,8 +72,15 @@ def model_file(path: str) -> Path:
         return _checked(FOLDERS[parts[0]], "/".join(parts[1:]), path)
     name = "/".join(parts)
     for folder in SEARCH_ORDER:
-        if name in lora_files.names(folder):
+        if name in _listed(folder):
             return _checked(folder, name, path)
+    if len(parts) > 1:  # a folder that is neither a model folder nor a subfolder of one: never ignored
+        near = nearest(parts[0], FOLDERS, cutoff=0.5)
+        fix = f"did you mean {near[0]}/{'/'.join(parts[1:])}?" if near else \
+            f"write <folder>/<name>, e.g. checkpoints/{parts[-1]}"
+        raise MergePathError(f"model {path!r}: not in {', '.join(SEARCH_ORDER)}: {parts[0]!r} is no model "
+                             f"folder, and no {'/'.join(parts[:-1])} subfolder of one holds {parts[-1]}; "
+                             f"{fix}")
     try:  # a near miss gets lora_files' did-you-mean for the checkpoints folder
         lora_files.resolve(name, "checkpoints")
     except lora_files.UnknownFileError as error:
@@ -85,6 +94,10 @@ def _checked(folder: str, name: str, path: str) -> Path:
         raise MergePathError(f"model {path!r}: only .safetensors files are read (loading a pickle .ckpt/.pt "
                              f"can run code); convert it once where you trust it, or use its .safetensors "
                              f"release")
+    if "/" in name and name not in _listed(folder):  # a subfolder is never skipped over
+        near = nearest(name, _listed(folder), cutoff=0.5)
+        fix = suggestion(near) or f"no {name.rsplit('/', 1)[0]} subfolder of {folder} holds that file"
+        raise MergePathError(f"model {path!r}: {folder} has no {name!r}; {fix}")
     try:
         found, full = lora_files.resolve(name, folder)
     except lora_files.UnknownFileError as error:
@@ -94,8 +107,14 @@ def _checked(folder: str, name: str, path: str) -> Path:
     return inside(Path(full), folder_paths.get_folder_paths(folder), f"model {path!r}", folder)
 
 
+def _listed(folder: str) -> set[str]:
+    """The names ComfyUI lists in ``folder``, with ``/`` between subfolders on every system."""
+    return {n.replace(os.sep, "/") for n in lora_files.names(folder)}
+
+
 def inside(file: Path, roots: list[str], what: str, folder: str) -> Path:
-    """``file`` with symlinks resolved, if that lies inside one of ``roots`` (resolved too)."""
+    """``file`` with symlinks resolved, if that lies inside one of ``roots`` (resolved too). ``file`` may
+    not exist yet: its existing part is resolved and the rest (no ``..``) follows it."""
     real = Path(os.path.realpath(file))
     for root in roots:
         top = Path(os.path.realpath(root))
@@ -123,8 +142,10 @@ def _target(filename: str, root: str, folder: str, if_exists: str) -> Path:
     if not parts[-1].lower().endswith(".safetensors"):
         parts[-1] += ".safetensors"
     target = Path(root, *parts)
+    what = f"file name {filename!r}"
+    inside(target.parent, [root], what, folder)  # first: the folders it would make must stay inside
     target.parent.mkdir(parents=True, exist_ok=True)
-    inside(target.parent, [root], f"file name {filename!r}", folder)
+    inside(target.parent, [root], what, folder)  # and once they exist (a link made meanwhile)
     if target.exists() and if_exists == "number":
         stem = target.name.removesuffix(".safetensors")
         target = next(target.with_name(f"{stem}_{n:05}.safetensors") for n in range(1, 10**6)

@@ -42,7 +42,8 @@ class PatchbayMerge:
     NODE_ID = "PatchbayMerge"
     DISPLAY_NAME = "Merge (Patchbay)"
     DESCRIPTION = ("Runs a recipe into a MODEL, CLIP and VAE for this graph, key by key (about one model in "
-                   "memory, no file written); unchanged results come from the merge cache.")
+                   "memory, no file written); unchanged results come from the merge cache. Stops on inf or "
+                   "NaN; values far beyond the inputs' range are warned about in the node and the log.")
     FUNCTION = "merge"
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL", "CLIP", "VAE")
@@ -53,12 +54,16 @@ class PatchbayMerge:
     @classmethod
     def INPUT_TYPES(cls) -> dict:
         tip = "The recipe to run (a method node, recipe text)."
-        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON}}
+        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON},
+                "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
-              shape_policy: str = "overlap", missing_policy: str = "first") -> tuple:
+    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = _CACHE_MB, shape_policy: str = "overlap",
+              missing_policy: str = "first", unique_id: str | None = None) -> dict:
         fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy)
-        return merge_runtime.merge_models(recipe, **fields)
+        model, clip, vae, lines = merge_runtime.merge_models(recipe, **fields)
+        if len(lines) > 1:  # warnings: shown under the node too (they are in the log already)
+            merge_runtime.show_in_node(unique_id, "\n".join(lines))
+        return {"ui": {"text": lines}, "result": (model, clip, vae)}
 
 
 class PatchbayMergeSave:

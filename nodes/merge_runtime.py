@@ -14,7 +14,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ import folder_paths
 import torch
 
 from ..merge.cache import MergeCache
+from ..merge.checks import NonFiniteError
 from ..merge.extract import ExtractOptions
 from ..merge.plan import MergeOptions
 from ..merge.sources import MemorySource
@@ -41,10 +45,15 @@ UNET = "model.diffusion_model."
 # tiny models, 4.8 GB at 1024). Raise it on the node to re-run large merges faster.
 DEFAULT_CACHE_MB = 1024
 CACHE = MergeCache(budget_mb=DEFAULT_CACHE_MB)
+LOG = logging.getLogger("patchbay.merge")
 
 
 class MergeBuildError(ValueError):
     """ComfyUI's loader laid the merged model out in a way the Merge node cannot fill in place."""
+
+
+class MergeValueError(ValueError):
+    """A merge whose values cannot be used (inf or NaN); the message names the key and the fix."""
 
 
 def resolve(path: str) -> Path | MemorySource:
@@ -155,12 +164,21 @@ def _targets(model: Any, plans: list) -> dict[str, torch.Tensor]:
     return targets
 
 
-def merge_models(recipe: object, **fields: Any) -> tuple[Any, Any, Any]:
-    """The Merge node: ``recipe`` merged into a fresh MODEL, CLIP and VAE (fp32 math, no file)."""
+def merge_models(recipe: object, **fields: Any) -> tuple[Any, Any, Any, list[str]]:
+    """The Merge node: ``recipe`` merged into a fresh MODEL, CLIP and VAE (fp32 math, no file), and the
+    report's lines for the node (its warnings also go to the log)."""
     from ..merge.session import MergeSession
 
-    with MergeSession(recipe, merge_options(dtype="fp32", **fields)) as session:
-        return build_models(session)
+    options = merge_options(dtype="fp32", **fields)
+    with MergeSession(recipe, options) as session, _stopped_on_nonfinite("Merge"):
+        model, clip, vae = build_models(session)
+        report = session.finish()
+    kept = len(session.plans) - len(report.skipped)
+    lines = [f"merged {kept} keys ({report.arch}), {report.cached_keys} from the merge cache",
+             *(f"warning: {w}" for w in report.warnings)]
+    for warning in report.warnings:
+        LOG.warning("Merge (Patchbay): %s", warning)
+    return model, clip, vae, lines
 
 
 def save_merge(recipe: object, filename: str, if_exists: str, **fields: Any) -> tuple[Path, Any]:
@@ -168,7 +186,34 @@ def save_merge(recipe: object, filename: str, if_exists: str, **fields: Any) -> 
     from ..merge.execute import merge
 
     path = merge_files.output_file(filename, if_exists)
-    return path, merge(recipe, path, merge_options(overwrite=if_exists == "overwrite", **fields))
+    with _stopped_on_nonfinite("Save Merge"):
+        report = merge(recipe, path, merge_options(overwrite=if_exists == "overwrite", **fields))
+    for warning in report.warnings:
+        LOG.warning("Save Merge (Patchbay): %s", warning)
+    return path, report
+
+
+def show_in_node(node_id: str | None, text: str) -> None:
+    """``text`` shown in node ``node_id`` of the frontend, through core's progress text (no extension
+    needed); nothing without a running server (tests in-process, scripts)."""
+    from server import PromptServer  # ComfyUI's
+
+    instance = getattr(PromptServer, "instance", None)
+    if instance is not None and node_id is not None:
+        instance.send_progress_text(text, node_id)
+
+
+@contextlib.contextmanager
+def _stopped_on_nonfinite(node: str) -> Iterator[None]:
+    """The engine's inf/NaN error in a node's words: what stopped, where it comes from, what to change
+    in the graph (the command line's --nonfinite flag has no widget here, on purpose)."""
+    try:
+        yield
+    except NonFiniteError as error:
+        raise MergeValueError(f"{node}: {error.key}: the merged values hold inf or NaN, so the merge stopped "
+                              f"before a broken model reached the sampler or a file; {error.origin}. Change "
+                              f"the method or its parameters (a <parameter>_map input sets them per block), "
+                              f"or replace the input") from None
 
 
 def extract(recipe: object, filename: str, if_exists: str, **fields: Any) -> tuple[str, Any]:

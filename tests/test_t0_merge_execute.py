@@ -27,10 +27,10 @@ SHAPES = {
 
 @pytest.fixture(scope="module")
 def m():
-    from merge import execute, io, recipe, registry, stream
+    from merge import checks, execute, io, recipe, registry, stream
 
     return type("M", (), {"execute": execute, "io": io, "recipe": recipe, "registry": registry,
-                          "stream": stream})
+                          "stream": stream, "checks": checks})
 
 
 def make_model(path: Path, seed: int, shapes: dict | None = None, dtype=torch.float16) -> Path:
@@ -258,7 +258,7 @@ def test_nonfinite_output_is_an_error_or_a_warning(m, abc, tmp_path):
         register(m, poison, "a")
 
         recipe = m.recipe.call("poison", m.recipe.model(str(abc[0])))
-        with pytest.raises(m.stream.NonFiniteError, match="NaN; the recipe made it .*--nonfinite warn"):
+        with pytest.raises(m.checks.NonFiniteError, match="NaN; the recipe made it .*--nonfinite warn"):
             m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m))
         assert not (tmp_path / "out.safetensors").exists()
         report = m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, nonfinite="warn"))
@@ -267,13 +267,51 @@ def test_nonfinite_output_is_an_error_or_a_warning(m, abc, tmp_path):
                                                        f"written anyway (--nonfinite warn): model.")]
 
 
+def test_values_far_beyond_every_inputs_range_are_reported_with_the_key(m, abc, tmp_path):
+    """Issue 30: finite values far outside the inputs' range (a method's blow-up) never pass silently."""
+    with m.registry.scope():
+        def blow_up(a):
+            """A method that writes 3.4e38 into one key, as model_stock once did on 1x1 convolutions."""
+            out = a.clone()
+            if a.shape == (16, 24):
+                out[0, 0] = torch.finfo(torch.float32).max
+            return out
+
+        register(m, blow_up, "a")
+        recipe = m.recipe.call("blow_up", m.recipe.model(str(abc[0])))
+        report = m.execute.merge(recipe, tmp_path / "fp32.safetensors", opts(m, dtype="fp32"))
+        key = "model.diffusion_model.middle_block.1.proj_in.weight"
+        assert [k for k, *_ in report.out_of_range] == [key]
+        assert [w for w in report.warnings if w.startswith(
+            f"1 tensors hold values far beyond every input's range: {key} reaches 3.4e+38 where its inputs ")]
+        with pytest.raises(m.checks.NonFiniteError, match="proj_in.weight: the merged tensor holds inf or "
+                                                          "NaN; the recipe made it"):  # inf in fp16
+            m.execute.merge(recipe, tmp_path / "fp16.safetensors", opts(m))
+    plain = m.execute.merge(m.recipe.weighted_sum(m.recipe.model(str(abc[0])), m.recipe.model(str(abc[1])),
+                                                  alpha=3.0), tmp_path / "plain.safetensors", opts(m))
+    assert plain.out_of_range == [] and plain.warnings == []  # extrapolation 3x: within range
+
+
+def test_the_range_check_measures_whole_inputs_before_it_warns(m, tmp_path):
+    """The first 64K elements of each input only bound its range from below: a key whose large values
+    come later is measured whole, and merges without a warning."""
+    paths = []
+    for name in ("a", "b"):
+        weight = torch.full((300, 300), 1e-4).half()
+        weight[-1, -1] = 1.0  # past the first 65536 elements: the output reaches 1.0, 10000x the sample
+        save_file({"model.diffusion_model.out.2.weight": weight}, str(tmp_path / f"{name}.safetensors"))
+        paths.append(m.recipe.model(str(tmp_path / f"{name}.safetensors")))
+    report = m.execute.merge(m.recipe.weighted_sum(*paths), tmp_path / "out.safetensors", opts(m))
+    assert report.out_of_range == [] and report.warnings == []
+
+
 def test_nonfinite_values_of_an_input_file_are_blamed_on_that_file(m, abc, tmp_path):
     tensors = load_file(str(abc[1]))
     tensors["model.diffusion_model.out.2.weight"][3, 4] = float("nan")
     save_file(tensors, str(tmp_path / "nan.safetensors"))
     R = m.recipe
     recipe = R.weighted_sum(R.model(str(abc[0])), R.model(str(tmp_path / "nan.safetensors")), alpha=0.5)
-    with pytest.raises(m.stream.NonFiniteError, match=r"out.2.weight: .* from the input file nan.safet"):
+    with pytest.raises(m.checks.NonFiniteError, match=r"out.2.weight: .* from the input file nan.safet"):
         m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m))
     report = m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, nonfinite="warn"))
     assert report.nonfinite == ["model.diffusion_model.out.2.weight"]

@@ -35,6 +35,47 @@ def test_reads_every_tensor_lazily_and_exactly(mio, tmp_path):
     file.close()
 
 
+def test_a_mapped_tensor_reads_the_file_in_place_and_never_writes_it(mio, tmp_path):
+    tensors = {"a.weight": torch.randn(3, 5).half(), "big": torch.randn(70_000), "empty": torch.zeros(0, 4)}
+    path = tmp_path / "x.safetensors"
+    save_file(tensors, str(path))
+    before = path.read_bytes()
+    file = mio.SafetensorsFile(path)
+    for key, expected in tensors.items():
+        assert torch.equal(file.map(key), expected)
+    assert torch.equal(file.map("big", 65_536, 70_000), tensors["big"][65_536:])  # a slice, flat
+    mapped = file.map("big")
+    mapped.mul_(2)  # a method that wrote into its input would change this process's copy only
+    assert path.read_bytes() == before
+    os.truncate(path, len(before) - 100)  # the file shrank while merging: an error, never a crash
+    with pytest.raises(mio.ModelFileError, match="ends inside tensor 'big'.*Fetch the file again"):
+        file.map("big")
+    file.close()
+
+
+def test_the_writer_starts_writeback_as_it_goes_and_fsyncs_at_the_end(mio, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(mio, "WRITE_BACK_BYTES", 1000)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, start, length, advice: calls.append((start, length)),
+                        raising=False)
+    tensors = {f"t{i}": torch.randn(100) for i in range(8)}  # 400 bytes each
+    planned = [mio.OutputTensor(k, t.dtype, tuple(t.shape)) for k, t in tensors.items()]
+    with mio.SafetensorsWriter(tmp_path / "out.safetensors", planned, {}) as writer:
+        for key, tensor in tensors.items():
+            writer.append(key, tensor)
+        writer.commit()
+    start = writer.data_start
+    assert calls == [(start, 1200), (start + 1200, 1200)]  # every 1000 bytes or more, in order
+    loaded = load_file(str(tmp_path / "out.safetensors"))
+    assert all(torch.equal(loaded[k], t) for k, t in tensors.items())
+    calls.clear()
+    with mio.SafetensorsWriter(tmp_path / "nosync.safetensors", planned, {}, fsync=False) as writer:
+        for key, tensor in tensors.items():
+            writer.append(key, tensor)
+        writer.commit()
+    assert calls == []  # fsync off: nothing forces the data to disk
+
+
 @pytest.mark.parametrize(("keys", "arch", "unet_only"), [
     ({"model.diffusion_model." + SD_PROBE: (320, 768)}, "sd15", False),
     ({SD_PROBE: (320, 768)}, "sd15", True),

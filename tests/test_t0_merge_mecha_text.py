@@ -279,15 +279,25 @@ def test_dumps_refuses_values_the_format_cannot_hold(R, M):
     ("input 1", "input name 1 must be an identifier (a quoted name"),
     ("param 2", "parameter name 2 must be an identifier (a quoted name"),
     ('input "1x"', "input name '1x' must be an identifier"),
+    ("param &1", 'parameter name &1 must be an identifier (a quoted name such as "alpha"), not a reference'),
+    ("input &2", "input name &2 must be an identifier"),
+    ('model "c" 5', "the model_config must be a quoted string, got 5 (a number); write model \"path\""),
+    ('model "c" "sd1-ldm" 5', "the merge_space must be a quoted string, got 5"),
+    ('model "c" model_config=&0', "model_config= must be a quoted string, got &0 (a reference"),
+    ("merge &0 &1", "the method name must be a quoted string, got &0"),
+    ('merge "weighted_sum" &0 &1 alpha=&0', "not model 'a'"),
+    ('merge "weighted_sum" &0 &1\nliteral &2', "a literal is a scalar or a dict of scalars, not a subtract"),
     ('merge "crossover" &0 &1 alpha=1.5', "1.5 is outside [0, 1], the range of alpha"),
     ('merge "ties_sum" &2 &2 k=-0.5', "-0.5 is outside [0, 1], the range of k"),
     ('merge "truncate_rank" &2 rank=-1', "-1 is outside [0, inf], the range of rank"),
 ])
 def test_malformed_instructions_and_values_are_refused_with_their_line(M, line, fragment):
     text = TWO + 'merge "subtract" &0 &1\n' + line
-    with pytest.raises(M.MechaSyntaxError, match=r"^line 5, column \d+: ") as info:
+    last = 5 + line.count("\n")
+    with pytest.raises(M.MechaSyntaxError, match=rf"^line {last}, column \d+: ") as info:
         M.parse(text)
     assert fragment in str(info.value)
+    assert "Node(" not in str(info.value)  # values as written, never a Python repr
 
 
 def test_crlf_files_read_like_lf_files(R, M):

@@ -175,6 +175,35 @@ def test_model_stock(m, ctx):
     close(run(m, ctx, "model_stock", *deltas), _stock_t(deltas) * (A + B + C) / 3)
 
 
+def _conv_1x1_deltas():
+    """Issue 30's two deltas of a 1x1 convolution (base c, fine-tunes a and b)."""
+    g = torch.Generator().manual_seed(1)
+    c = torch.randn(8, 8, 1, 1, generator=g) * 0.05
+    a = c + 0.015 * torch.randn(8, 8, 1, 1, generator=g)
+    b = c + 0.015 * torch.randn(8, 8, 1, 1, generator=g)
+    return a - c, b - c
+
+
+def test_model_stock_takes_a_conv_as_its_matrix_and_a_single_value_as_the_mean(m, ctx):
+    k1, k2 = t(6, 4, 3, 3, seed=4), t(6, 4, 3, 3, seed=5)  # one vector per output filter, 36 values
+    kernel = run(m, ctx, "model_stock", k1, k2)
+    rows = (k1.reshape(6, 36), k2.reshape(6, 36))
+    close(kernel.reshape(6, 36), _stock_t(rows) * (rows[0] + rows[1]) / 2)
+    d1, d2 = _conv_1x1_deltas()
+    got = run(m, ctx, "model_stock", d1, d2)
+    flat = (d1.reshape(8, 8), d2.reshape(8, 8))  # what a linear of the same matrix gives, by the formula
+    close(got.reshape(8, 8), _stock_t(flat) * (flat[0] + flat[1]) / 2)
+    assert got.abs().max() <= max(d1.abs().max(), d2.abs().max())  # was +-3.4e38 at 27 of 64 values
+    column_a, column_b = torch.tensor([0.1, 0.2]), torch.tensor([0.3, -0.1])  # [2, 1]: one cosine over 2
+    column = run(m, ctx, "model_stock", column_a.reshape(2, 1), column_b.reshape(2, 1))
+    close(column, _stock_t([column_a, column_b]) * torch.tensor([[0.2], [0.05]]))
+    one = run(m, ctx, "model_stock", torch.tensor([[0.1]]), torch.tensor([[-0.3]]))  # no angle: the mean
+    close(one, torch.tensor([[-0.1]]))
+    stock = run(m, ctx, "ties_sum_extended", d1, d2, k=1.0)  # TIES + Model Stock: the same definition
+    close(stock.reshape(8, 8), run(m, ctx, "ties_sum_extended", *flat, k=1.0))
+    assert stock.abs().max() < 1
+
+
 def test_ties_sum_extended_with_stock(m, ctx):
     deltas = (A, B, C)  # apply_stock=True fixes Model Stock's ratio at 1: plain TIES
     close(run(m, ctx, "ties_sum_extended", *deltas, k=0.6, apply_stock=True), _ties_reference(deltas, 0.6))

@@ -79,6 +79,22 @@ def test_call_checks_name_params_types_and_spaces_with_paths(R):
         R.weighted_sum(a, R.subtract(a, b))
 
 
+def test_node_values_in_messages_are_named_as_nodes_never_by_their_repr(R):
+    a, b = R.model("a"), R.model("b")
+    cases = [(lambda: R.param(a), "parameter name model 'a' must be an identifier"),
+             (lambda: R.free_input(R.param("x")), "input name param 'x' must be an identifier"),
+             (lambda: R.weighted_sum(a, R.param("x")), "expects a tensor recipe (model, method call or free "
+                                                       "input), got param 'x'"),
+             (lambda: R.literal(R.weighted_sum(a, b)), "not a weighted_sum call"),
+             (lambda: R.literal({"IN00": a}), "map entry 'IN00': model 'a' is not a scalar"),
+             (lambda: R.model("a", config=5), "model 'a': model_config 5 is not a config name")]
+    for make, message in cases:
+        with pytest.raises(R.RecipeError) as info:
+            make()
+        assert message in str(info.value)
+        assert "Node(" not in str(info.value)
+
+
 def test_nested_errors_carry_the_path_through_the_graph(R):
     a, b = R.model("a"), R.model("b")
     bad = R.CallNode("add_difference", (a, R.CallNode("weighted_sum", (a, b), {"alpha": R.LiteralNode(0.5)})),
@@ -210,6 +226,13 @@ def test_duplicates_are_refused(reg):
 def test_bad_definitions_are_refused_at_registration(reg, source, fragment):
     with reg.scope(), pytest.raises(reg.MethodDefinitionError, match=fragment.replace("*", r"\*")):
         _define(reg, source)
+
+
+def test_random_methods_are_declared_and_a_random_one_cannot_be_elementwise(reg):
+    assert {m.name for m in reg.all_methods() if m.random} == {"dropout", "ties_sum_with_dropout",
+                                                               "truncate_rank"}
+    with reg.scope(), pytest.raises(reg.MethodDefinitionError, match="a random method cannot be elementwise"):
+        _define(reg, "def f(a: Weight) -> Weight:\n 'd'\n return a", random=True, elementwise=True)
 
 
 def test_fn_always_accepts_ctx(reg):

@@ -147,6 +147,31 @@ def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single
         assert session.source_dtype(ATTN) == torch.float16
 
 
+def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
+    """What a recipe hook adds while sampling: inf or NaN raises, a blow-up is logged and listed."""
+    from merge import recipe as R
+    from merge import registry
+    from merge.checks import NonFiniteError
+    from merge.session import MergeSession
+
+    with registry.scope():
+        def scale(a, *, factor: float = 1.0):
+            """a times factor."""
+            return a * factor
+
+        scale.__annotations__ = {"a": registry.Weight, "factor": float, "return": registry.Weight}
+        registry.merge_method(scale)
+        resolve = Counting(files)
+        with MergeSession(R.call("scale", R.model("a"), factor=1e6), options(resolve=resolve)) as session, \
+                caplog.at_level("WARNING", logger="merge.checks"):
+            session.evaluate(ATTN)
+            assert [key for key, *_ in session.report.out_of_range] == [ATTN]
+            assert f"{ATTN}: the merged values reach" in caplog.text
+        with MergeSession(R.call("scale", R.model("a"), factor=1e300), options(resolve=resolve)) as session, \
+                pytest.raises(NonFiniteError, match=f"{ATTN}: the merged tensor holds inf or NaN; the re"):
+            session.evaluate(ATTN)
+
+
 def test_a_cached_merge_reads_and_computes_nothing_and_writes_the_same_bytes(files, tmp_path):
     from merge.cache import MergeCache
     from merge.execute import merge
@@ -238,6 +263,114 @@ def test_a_changed_input_file_is_never_served_from_the_cache(files, tmp_path):
     assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
 
 
+def test_a_file_replaced_with_the_same_size_and_mtime_is_never_served_from_the_cache(files, tmp_path):
+    """``cp -p`` / ``rsync -t`` keep size and modification time: the fingerprint must still change."""
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    before = files["b"].stat()
+    make_model(tmp_path / "b2.safetensors", seed=7)
+    files["b"].write_bytes((tmp_path / "b2.safetensors").read_bytes())  # in place, same inode
+    os.utime(files["b"], ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = files["b"].stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    report = merge(recipe_of(first="a"), tmp_path / "2.safetensors",
+                   options(resolve=Counting(files), cache=cache))
+    assert report.cached_keys == 0
+    merge(recipe_of(first="a"), tmp_path / "3.safetensors", options(resolve=Counting(files)))
+    assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
+
+
+def test_the_fingerprint_digests_the_header_and_samples_the_data_of_large_files(tmp_path):
+    from merge.fingerprint import BLOCK, SAMPLES, content_digest, file_fingerprint
+
+    header = b'{"w":{"dtype":"F16","shape":[2097152],"data_offsets":[0,4194304]}}'
+    data = bytearray(len(header).to_bytes(8, "little") + header + bytes(4 * 2**20))
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(data)
+    first = content_digest(path, len(data))
+    start = 8 + len(header)
+    sampled = start + (len(data) - start - BLOCK) * 5 // (SAMPLES - 1)  # the 6th sampled block
+    for offset in (9, sampled + 100):  # a header byte, a data byte in a sample
+        changed = bytearray(data)
+        changed[offset] ^= 1
+        path.write_bytes(changed)
+        assert content_digest(path, len(changed)) != first
+    missing = tmp_path / "missing.safetensors"
+    assert file_fingerprint(missing) == ("file", str(missing))
+
+
+def test_a_new_merge_seed_recomputes_only_what_a_random_method_makes(files, tmp_path):
+    from merge import recipe as R
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache = MergeCache(budget_mb=64)
+    plain = recipe_of(first="a")
+    merge(plain, tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache, seed=1))
+    report = merge(plain, tmp_path / "2.safetensors", options(resolve=Counting(files), cache=cache, seed=2))
+    assert report.cached_keys == len(FLOATS)  # no method of the recipe draws random numbers
+    a, b, c = R.model("a"), R.model("b"), R.model("c")
+    dropped = R.add_difference(a, R.dropout(R.subtract(b, c), R.subtract(c, a), probability=0.5))
+    outputs = {}
+    for number, seed in enumerate((1, 1, 2)):
+        outputs[number] = tmp_path / f"dropout-{number}.safetensors"
+        report = merge(dropped, outputs[number], options(resolve=Counting(files), cache=cache, seed=seed))
+        assert report.cached_keys == (len(FLOATS) if number == 1 else 0)
+    assert outputs[0].read_bytes() == outputs[1].read_bytes() != outputs[2].read_bytes()
+
+
+def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
+    from merge import recipe as R
+    from merge import registry
+    from merge.execute import merge
+
+    seen: dict[str, set] = {"plain": set(), "drawn": set()}
+    with registry.scope():
+        def recorder(name: str):
+            def record(a, *, ctx=None):
+                """Records the seed its context carries."""
+                seen[name].add(ctx.seed)
+                return a
+
+            record.__annotations__ = {"a": registry.Weight, "return": registry.Weight,
+                                      "ctx": registry.KeyContext}
+            return record
+
+        for name, random in (("plain", False), ("drawn", True)):
+            registry.merge_method(recorder(name), name=name, random=random)
+        recipe = R.call("drawn", R.call("plain", R.model("a")))
+        merge(recipe, tmp_path / "out.safetensors", options(resolve=Counting(files), seed=5))
+    assert seen == {"plain": {0}, "drawn": {5}}  # the cache keys only "drawn" (and what uses it) on it
+
+
+def test_a_cached_intermediate_that_is_an_input_unchanged_stays_right_after_later_keys(tmp_path):
+    """rotate(a, b) with alignment 0 and alpha 0 returns a itself: the cache must keep its values, not a
+    view of memory that later keys reuse (or a mapping of the file held open)."""
+    from merge import recipe as R
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    files = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        gen = torch.Generator().manual_seed(seed)
+        files[name] = tmp_path / f"{name}.safetensors"
+        tensors = {k: torch.randn(s, generator=gen) for k, s in SHAPES.items() if k in FLOATS}  # fp32
+        save_file(tensors, str(files[name]))
+    cache = MergeCache(budget_mb=64)
+
+    def recipe(alpha: float):
+        return R.weighted_sum(R.rotate(R.model("a"), R.model("b"), alignment=0.0, alpha=0.0), R.model("b"),
+                              alpha=alpha)
+
+    merge(recipe(0.3), tmp_path / "1.safetensors", options(resolve=files.get, cache=cache, dtype="fp32"))
+    merge(recipe(0.6), tmp_path / "2.safetensors", options(resolve=files.get, cache=cache, dtype="fp32"))
+    merge(recipe(0.6), tmp_path / "3.safetensors", options(resolve=files.get, dtype="fp32"))
+    assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
+
+
 def test_the_budget_keeps_the_current_run_and_evicts_older_runs_first():
     from merge.cache import MergeCache
 
@@ -295,6 +428,31 @@ def test_check_stops_the_merge_with_no_file_left_and_the_cache_consistent(files,
     fresh = tmp_path / "fresh.safetensors"
     merge(recipe_of(), fresh, options(resolve=Counting(files)))
     assert 0 < report.cached_keys < len(FLOATS)
+    assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
+
+
+def test_a_key_stopped_between_its_slices_is_merged_whole_by_the_next_run(files, tmp_path):
+    """A key larger than the read budget streams in slices; stopped between two, it is not cached at all
+    (not as a key the recipe dropped), so the next run with the cache writes it whole."""
+    from merge.cache import MergeCache
+    from merge.execute import merge
+
+    cache, seen = MergeCache(budget_mb=64), []
+
+    def check() -> None:
+        seen.append(1)
+        if len(seen) == 8:  # before the third of out.2.weight's six units
+            raise Interrupted
+
+    sliced = {"memory_budget_mb": 0, "chunk_elements": 4096}  # every key in units of 4096 elements
+    with pytest.raises(Interrupted):
+        merge(recipe_of(first="a"), tmp_path / "out.safetensors",
+              options(resolve=Counting(files), cache=cache, check=check, **sliced))
+    report = merge(recipe_of(first="a"), tmp_path / "out.safetensors",
+                   options(resolve=Counting(files), cache=cache, **sliced))
+    fresh = tmp_path / "fresh.safetensors"
+    merge(recipe_of(first="a"), fresh, options(resolve=Counting(files)))
+    assert report.skipped == [] and 0 < report.cached_keys < len(FLOATS)
     assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
 
 

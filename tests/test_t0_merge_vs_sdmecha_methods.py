@@ -174,6 +174,25 @@ def test_sd_mecha_dropout_with_overlap_is_broken_in_1_1_8(ours):
     assert set(res.unique().tolist()) <= {0.0, 2.0, 6.0}
 
 
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_sd_mecha_model_stock_blows_up_convolutions_in_1_1_8_ours_merges_their_matrix(ours, kernel):
+    """sd-mecha takes Model Stock's cosine over the last dimension: in a 1x1 conv a length-1 one (a sign:
+    where two deltas differ in sign t = -inf, written as +-3.4e38, issue 30), in a 3x3 conv 3 values of a
+    kernel row, some of which point almost opposite ways (t without bound). Ours takes the kernel as its
+    [out, in * kh * kw] matrix, so it gives sd-mecha's own numbers for that matrix, within the inputs'
+    range."""
+    g = torch.Generator().manual_seed(1)
+    d1, d2 = (0.015 * torch.randn(64, 64, kernel, kernel, generator=g) for _ in range(2))
+    theirs = run_sd_mecha(ties.model_stock(sdm(d1, "delta"), sdm(d2, "delta")), "delta")
+    reach = max(d1.abs().max(), d2.abs().max())
+    assert theirs.abs().max() > 100 * reach
+    rows = (sdm(d1.reshape(64, -1), "delta"), sdm(d2.reshape(64, -1), "delta"))
+    matrix = run_sd_mecha(ties.model_stock(*rows), "delta")
+    got = ours("model_stock", d1, d2)
+    assert torch.allclose(got.reshape(64, -1), matrix, atol=1e-7, rtol=1e-5)
+    assert got.abs().max() <= reach
+
+
 def test_sd_mecha_tensor_sum_changes_its_inputs_in_1_1_8(ours):
     """sd-mecha's tensor_sum writes into A, so a recipe that uses A again sees the change; ours copies."""
     a_sd = {KEY: torch.zeros(4, 2)}

@@ -7,6 +7,7 @@ VAE (pick_component diffuser) keep the tests fast where those parts add nothing.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -78,7 +79,7 @@ def unet_weights(patcher) -> dict[str, torch.Tensor]:
 def test_in_graph_weighted_sum_samples_the_latent_of_core_model_merge_simple(node, core):
     a, b = checkpoints(node, CKPT_A, CKPT_B)
     (recipe,) = node("PatchbayMethodWeightedSum").build(a=a, b=b, alpha=0.3)
-    model, clip, vae = node("PatchbayMerge").merge(recipe, cache_mb=0)
+    model, clip, vae = node("PatchbayMerge").merge(recipe, cache_mb=0)["result"]
     assert type(model).__name__ == "ModelPatcher" and clip is not None and vae is not None
     (reference,) = core.n["ModelMergeSimple"]().merge(core.a, core.b, 0.7)  # 0.7 a + 0.3 b
     ours, theirs, plain = core.sample(model), core.sample(reference), core.sample(core.a)
@@ -97,7 +98,7 @@ def test_a_graph_model_enters_with_its_patches_and_stays_untouched(comfy, node, 
     (graph_input,) = node("PatchbayMergeModelInput").make(chain)
     (c,) = checkpoints(node, CKPT_C)
     (recipe,) = node("PatchbayMethodWeightedSum").build(a=graph_input, b=c, alpha=0.25)
-    model, clip, vae = node("PatchbayMerge").merge(recipe, cache_mb=0)
+    model, clip, vae = node("PatchbayMerge").merge(recipe, cache_mb=0)["result"]
     assert clip is not None and vae is not None  # from c: a graph MODEL gives only its diffusion model
     import comfy.lora
 
@@ -207,7 +208,7 @@ def test_a_rerun_with_one_block_changed_recomputes_only_that_blocks_keys(node, p
         (blocks,) = node("PatchbayMergeBlockWeightsSD15").make(**values)
         (recipe,) = node("PatchbayMethodWeightedSum").build(a=a, b=b, alpha=0.5, alpha_map=blocks)
         before = cache.stats()
-        model, _, _ = node("PatchbayMerge").merge(diffuser(node, recipe), cache_mb=1024)
+        model, _, _ = node("PatchbayMerge").merge(diffuser(node, recipe), cache_mb=1024)["result"]
         after = cache.stats()
         return unet_weights(model), after.hits - before.hits, after.misses - before.misses
 
@@ -306,3 +307,58 @@ def test_bad_inputs_stop_the_node_naming_the_value_and_the_fix_and_change_nothin
             with pytest.raises(ValueError, match=message):
                 run(recipe)
     assert sorted(os.walk(output)) == written and weights_digest(core.a) == digest
+
+
+def _as_sd_mecha_model_stock_left_1x1_convs(a):
+    """a, with +-3.4e38 where sd-mecha 1.1.8's model_stock puts it: in a 1x1 conv (issue 30)."""
+    if a.dim() != 4 or a.shape[2:] != (1, 1):
+        return a
+    return torch.where(a > 0, torch.finfo(a.dtype).max, a)
+
+
+def _poison(a):
+    """Puts a NaN into every tensor."""
+    out = a.clone()
+    out.view(-1)[0] = float("nan")
+    return out
+
+
+def test_a_blown_up_merge_warns_in_the_node_and_the_log_and_nan_stops_with_a_fix_in_the_graph(
+        comfy, node, pack, models, caplog, monkeypatch):
+    """Issue 30 item 1: a merge whose values are finite but far beyond its inputs' (sd-mecha's model_stock
+    on 1x1 convs) loads and samples NaN. The Merge node says so in the node (ui text and core's progress
+    text) and the log; inf or NaN stops Merge and Save Merge with a fix in the graph, not a CLI flag."""
+    import server
+
+    registry, R = pack.merge.registry, pack.merge.recipe
+    shown = []
+    monkeypatch.setattr(server.PromptServer, "instance", type("Server", (), {
+        "send_progress_text": lambda self, text, node_id: shown.append((text, node_id))})(), raising=False)
+    header = pack.merge.io.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"]).tensors
+    convs_1x1 = [k for k, info in header.items()
+                 if k.startswith(UNET) and len(info.shape) == 4 and info.shape[2:] == (1, 1)]
+    (a,) = checkpoints(node, CKPT_A)
+    with registry.scope():
+        for fn, name in ((_as_sd_mecha_model_stock_left_1x1_convs, "blow_up"), (_poison, "poison")):
+            fn.__annotations__ = {"a": registry.Weight, "return": registry.Weight}
+            registry.merge_method(fn, name=name)
+        with caplog.at_level("WARNING", logger="patchbay.merge"):
+            out = node("PatchbayMerge").merge(diffuser(node, R.call("blow_up", a)), cache_mb=0,
+                                              unique_id="12")
+        for run in (lambda r: node("PatchbayMerge").merge(r, cache_mb=0),
+                    lambda r: node("PatchbayMergeSave").save(r, "patchbay-tests/nan", "number", "fp16",
+                                                             cache_mb=0)):
+            with pytest.raises(ValueError, match=r": the merged values hold inf or NaN, so the merge "
+                                                 r"stopped .*the recipe made it .*Change the method or its "
+                                                 r"parameters \(a <parameter>_map input") as info:
+                run(diffuser(node, R.call("poison", a)))
+            assert "--nonfinite" not in str(info.value)
+    lines = out["ui"]["text"]
+    assert len(convs_1x1) >= 10
+    found = re.match(r"warning: (\d+) tensors hold values far beyond every input's range: (\S+) and \d+ more "
+                     r"reaches 3.4e\+38 where its inputs reach", lines[1])
+    assert found and int(found[1]) == len(convs_1x1) and found[2] in convs_1x1  # all 19 of the tiny SD1.5
+    assert shown == [("\n".join(lines), "12")]
+    assert [r for r in caplog.records if "far beyond every input's range" in r.getMessage()]
+    assert not os.path.exists(os.path.join(comfy.folder_paths.get_output_directory(), "patchbay-tests",
+                                           "nan.safetensors"))

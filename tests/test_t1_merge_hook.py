@@ -61,7 +61,7 @@ def rig(comfy):
 
 def test_recipe_hook_at_strength_1_samples_the_merged_model_and_at_0_the_base(rig):
     recipe, base = rig.merge()
-    merged, _, _ = rig.run("PatchbayMerge", "merge", recipe, cache_mb=0)
+    merged, _, _ = rig.run("PatchbayMerge", "merge", recipe, cache_mb=0)["result"]
     expected = rig.sample(merged, rig.pos)
     plain = rig.sample(rig.model, rig.pos)
     assert (expected - plain).abs().max() > 0.05 * plain.abs().max(), "the merge matters"

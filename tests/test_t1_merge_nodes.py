@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -249,6 +250,58 @@ def test_a_symlink_leading_out_of_the_model_folders_is_refused(comfy, pack, tmp_
     finally:
         comfy.folder_paths.folder_names_and_paths["checkpoints"][0].remove(str(folder))
         comfy.folder_paths.filename_list_cache.pop("checkpoints", None)
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("checkpoint/patchbay-sd15-tiny-a.safetensors", "'checkpoint' is no model folder, and no checkpoint "
+     "subfolder of one holds patchbay-sd15-tiny-a.safetensors; did you mean checkpoints/patchbay-sd15"),
+    ("lora/x/patchbay-sd15-tiny-a.safetensors", "did you mean loras/x/patchbay-sd15-tiny-a.safetensors?"),
+    ("checkpoints/sd15/patchbay-sd15-tiny-a.safetensors", "checkpoints has no 'sd15/patchbay-sd15-tiny-a"),
+])
+def test_a_misspelt_folder_or_subfolder_is_refused_never_skipped_over(pack, path, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("?", r"\?")):
+        pack.nodes.merge_runtime.resolve(path)
+
+
+def test_a_file_in_a_subfolder_is_found_by_its_exact_path_and_a_near_miss_is_named(comfy, pack, tmp_path,
+                                                                                     models):
+    folder = tmp_path / "more_checkpoints"
+    (folder / "sd15").mkdir(parents=True)
+    os.symlink(models.checkpoints["patchbay-sd15-tiny-b"], folder / "sd15" / "inside.safetensors")
+    comfy.folder_paths.add_model_folder_path("checkpoints", str(folder))
+    try:
+        comfy.folder_paths.filename_list_cache.pop("checkpoints", None)
+        assert pack.nodes.merge_runtime.resolve("checkpoints/sd15/inside.safetensors") == \
+            models.checkpoints["patchbay-sd15-tiny-b"].resolve()
+        with pytest.raises(ValueError, match=r"checkpoints has no 'sd51/inside.safetensors'; did you mean "
+                                             r"'sd15/inside.safetensors'"):
+            pack.nodes.merge_runtime.resolve("checkpoints/sd51/inside.safetensors")
+    finally:
+        comfy.folder_paths.folder_names_and_paths["checkpoints"][0].remove(str(folder))
+        comfy.folder_paths.filename_list_cache.pop("checkpoints", None)
+
+
+def test_an_output_name_through_a_link_out_of_its_folder_makes_no_folder_anywhere(comfy, pack, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 30 item 2: output/evil-out links elsewhere; evil-out/newsub/esc is refused, and no newsub is
+    made in that other directory (it was made first and checked after)."""
+    files = pack.nodes.merge_files
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    monkeypatch.setitem(comfy.folder_paths.folder_names_and_paths, "loras",
+                        ([str(loras)], comfy.folder_paths.folder_names_and_paths["loras"][1]))
+    for target, root in ((files.output_file, Path(comfy.folder_paths.get_output_directory())),
+                         (files.lora_file, loras)):
+        elsewhere = tmp_path / f"elsewhere-{target.__name__}"
+        elsewhere.mkdir()
+        os.symlink(elsewhere, root / "evil-out")
+        try:
+            with pytest.raises(ValueError, match=r"evil-out/newsub/esc'.* outside the (output|loras) folder"):
+                target("evil-out/newsub/esc", "number")
+            assert list(elsewhere.iterdir()) == []
+            assert target("inside/newsub/ok", "number") == root / "inside" / "newsub" / "ok.safetensors"
+        finally:
+            (root / "evil-out").unlink()
 
 
 @pytest.mark.parametrize("name", ["/tmp/evil", "../evil", "checkpoints/../../evil", "C:\\evil"])

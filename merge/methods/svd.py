@@ -42,7 +42,7 @@ def rotate(a: AnySpace, b: AnySpace, *, alignment: float = 1.0, alpha: float = 0
     return (a_2d + torch.lerp(a_mean, b_mean, alignment)).reshape_as(a)
 
 
-@merge_method(paper=ECKART_YOUNG)
+@merge_method(paper=ECKART_YOUNG, random=True)
 def truncate_rank(a: Delta, *, rank: Count = 8, use_approximate_basis: bool = True,
                   approximate_basis_iters: Count = 2, approximate_basis_seed: int | None = None,
                   ctx: KeyContext) -> Delta:

@@ -36,7 +36,7 @@ def ties_sum_extended(*models: Delta, k: Fraction = 0.2, vote_sgn: bool = False,
     return _ties_extended(models, k, vote_sgn, apply_stock, apply_median, cos_eps, eps, maxiter, ftol)
 
 
-@merge_method(paper=DARE)
+@merge_method(paper=DARE, random=True)
 def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps: float = 0.0,
                           rescale: bool = True, k: Fraction = 0.2, vote_sgn: bool = False,
                           apply_stock: bool = False, cos_eps: float = 1e-6, apply_median: bool = False,
@@ -53,7 +53,9 @@ def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps
 
 @merge_method(paper=MODEL_STOCK)
 def model_stock(*deltas: Delta, cos_eps: float = 1e-6) -> Delta:
-    """Model Stock: the mean delta scaled by t = n cos / (1 + (n - 1) cos) of neighbouring deltas."""
+    """Model Stock: the mean delta scaled by t = n cos / (1 + (n - 1) cos) of neighbouring deltas.
+
+    A convolution counts as its [out, in * kh * kw] matrix, a single value as the mean (``model_stock_t``)."""
     return torch.nan_to_num(model_stock_t(deltas, cos_eps) * (sum(deltas) / len(deltas)))
 
 
@@ -81,12 +83,30 @@ def ties_sum_deltas(models: Sequence[torch.Tensor], k: float,
     return deltas * kept, kept.sum(dim=0)
 
 
-def model_stock_t(deltas: Sequence[torch.Tensor], cos_eps: float) -> torch.Tensor:
-    """Model Stock's interpolation ratio from the mean cosine of consecutive deltas (last dim)."""
+def model_stock_t(deltas: Sequence[torch.Tensor], cos_eps: float) -> torch.Tensor | float:
+    """Model Stock's interpolation ratio ``t = n cos / (1 + (n - 1) cos)``, ``cos`` the mean cosine of
+    consecutive deltas per output unit: each row of a linear's matrix, as sd-mecha computes it.
+
+    Where sd-mecha differs (it takes the cosine over the last dimension whatever the tensor): trailing
+    dimensions of size 1 are dropped, and a tensor of three or more dimensions (a convolution kernel
+    ``[out, in, kh, kw]``) is taken as its ``[out, in * kh * kw]`` matrix, one vector per output filter,
+    as a linear has one per output row. sd-mecha's cosine over a kernel row has 3 values in a 3x3 conv,
+    so two deltas can point almost opposite ways and ``t`` grows without bound, and 1 value in a 1x1
+    conv (a sign: where two deltas differ in sign ``t = -inf``, written out as +-3.4e38). A tensor with
+    a single value has no angle: ``t = 1``, the mean delta."""
+    shape = deltas[0].shape
+    kept = len(shape)
+    while kept > 0 and shape[kept - 1] == 1:
+        kept -= 1
+    if kept == 0 or math.prod(shape) <= 1:
+        return 1.0
+    rows = (shape[0], math.prod(shape[1:kept])) if kept >= 3 else tuple(shape[:kept])
     n = len(deltas)
     cos = torch.nn.CosineSimilarity(dim=-1, eps=cos_eps)
-    cos_theta = torch.stack([cos(deltas[i], deltas[i + 1]) for i in range(n - 1)]).mean(dim=0)
-    return (n * cos_theta / (1 + (n - 1) * cos_theta)).unsqueeze(-1)
+    flat = [d.reshape(rows) for d in deltas]
+    cos_theta = torch.stack([cos(flat[i], flat[i + 1]) for i in range(n - 1)]).mean(dim=0)
+    t = n * cos_theta / (1 + (n - 1) * cos_theta)
+    return t.reshape(*rows[:-1], *([1] * (len(shape) - len(rows) + 1)))
 
 
 def della_dropout_mask(delta: torch.Tensor, probability: float | torch.Tensor, della_eps: float,
