@@ -83,6 +83,8 @@ MERGE_FLAGS = (
     ("memory_budget_mb", "read-ahead + intermediates (%(default)s)"),
     ("shape_policy", "(%(default)s)"),
     ("missing_policy", "(%(default)s)"),
+    ("architecture_policy", "inputs of different families or block counts: refuse, or allow to merge "
+                            "them key by key (%(default)s)"),
     ("nonfinite", "(%(default)s)"),
     ("seed", "seed of random methods (%(default)s)"),
 )
