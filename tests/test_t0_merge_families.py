@@ -39,6 +39,14 @@ def test_the_table_and_the_tiny_layouts_cover_the_same_families(archs):
     assert set(FAMILIES) == set(archs.BY_ID)
 
 
+def test_the_design_doc_lists_every_family():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "design-merge.md").read_text()
+    rows = {line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")}
+    assert set(FAMILIES) <= rows
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["diffusion-model", "checkpoint"])
 def test_every_family_is_detected_in_both_file_layouts(family, checkpoint):
