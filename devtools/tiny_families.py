@@ -237,9 +237,9 @@ FAMILIES = {
     },
     "wan21": lambda blocks=30: _wan(blocks, 16),
     "wan22_5b": lambda blocks=30: _wan(blocks, 48),
-    "unknown": lambda blocks=4: {
-        "t_block.1.weight": (6 * W, W),
-        **_blocks("blocks.{n}", blocks, {"attn.qkv.weight": (3 * W, W)}),
+    "unknown": lambda blocks=4: {  # no family of the table, nor of ComfyUI
+        "trunk.stem.weight": (W, 16),
+        **_blocks("trunk.layers.{n}", blocks, {"mix.weight": (3 * W, W)}),
     },
 }
 OUTSIDE = {
