@@ -281,3 +281,7 @@ def test_the_cli_takes_the_policy(tmp_path, capsys):
     assert "--architecture-policy allow" in capsys.readouterr().err and not out.exists()
     assert cli.main(["merge", str(recipe), str(out), "--no-progress", "--architecture-policy", "allow"]) == 0
     assert "merged key by key" in capsys.readouterr().err and out.exists()
+    assert cli.main(["validate", str(recipe)]) == cli.EXIT_USER_ERROR
+    assert "is a ltxv model but wan21.safetensors is wan21" in capsys.readouterr().err
+    assert cli.main(["validate", str(recipe), "--architecture-policy", "allow"]) == 0
+    assert "warning: " in capsys.readouterr().out
