@@ -1,49 +1,70 @@
 """Which block and which component a state-dict key belongs to, and per-block literal resolution.
 
-Block names follow sd-mecha's supermerger block configs: SD1.5 has 26 (``BASE``, ``IN00``..``IN11``,
-``M00``, ``OUT00``..``OUT11``), SDXL 20 (``BASE``, ``IN00``..``IN08``, ``M00``, ``OUT00``..``OUT08``)
-plus ``VAE``. Flux blocks are named after its modules: ``double_blocks.N`` (0-18),
-``single_blocks.N`` (0-37), ``img_in``, ``txt_in``, ``time_in``, ``vector_in``, ``guidance_in``,
-``final_layer``, and ``BASE`` (text encoders) / ``VAE`` outside the diffusion model. Keys may carry
-ComfyUI's ``model.diffusion_model.`` prefix or not (diffusion-model-only files).
+Every family of the table in merge/architectures.py has block names. The UNet families follow
+sd-mecha's supermerger block configs: SD1.5 and SD2 have 26 (``BASE``, ``IN00``..``IN11``, ``M00``,
+``OUT00``..``OUT11``), SDXL 20 (``BASE``, ``IN00``..``IN08``, ``M00``, ``OUT00``..``OUT08``) plus ``VAE``.
+The others are named after their modules: indexed blocks as in the keys (Flux ``double_blocks.N``,
+``single_blocks.N``, Wan ``blocks.N``, Qwen-Image ``transformer_blocks.N``, ...), counted from the file
+when its keys are at hand (Flux.1 [dev] 19 + 38, Flux.2 [dev] 8 + 48), every other top-level module
+of the diffusion model by its name (``img_in``, ``final_layer``, ``head``, ...), and ``BASE`` (text
+encoders) / ``VAE`` outside it. Without a file, a family's reference release gives the counts (the
+block-weight nodes' widgets). Keys may carry ComfyUI's ``model.diffusion_model.`` prefix or not
+(diffusion-model-only files).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
+from . import architectures as archs
 from .names import nearest, suggestion
 
-ARCHS = ("sd15", "sdxl", "flux")
+ARCHS = ("sd15", "sdxl", "flux")  # the families the block-weight nodes offer; every family: archs.BY_ID
 _UNET = re.compile(r"(?:^|\.)(input_blocks|middle_block|output_blocks)\.(\d+)\.")
-_UNET_TAIL = {"sd15": "OUT11", "sdxl": "OUT08"}
-_FLUX_INDEXED = re.compile(r"(?:^|\.)(double_blocks|single_blocks)\.(\d+)\.")
-_FLUX_MODULES = ("img_in", "txt_in", "time_in", "vector_in", "guidance_in", "final_layer")
-_DIFFUSION = "model.diffusion_model."
+_UNET_TAIL = {"sd15": "OUT11", "sd2": "OUT11", "sdxl": "OUT08"}
+_DIFFUSION = archs.DIFFUSION_PREFIX
 
 
-def block_names(arch: str) -> tuple[str, ...]:
-    """Every block name of ``arch`` in model order (empty for an unknown architecture)."""
-    if arch == "sd15":
-        return ("BASE", *_numbered("IN", 12), "M00", *_numbered("OUT", 12))
-    if arch == "sdxl":
-        return ("BASE", *_numbered("IN", 9), "M00", *_numbered("OUT", 9), "VAE")
-    if arch == "flux":
-        return ("BASE", "img_in", "txt_in", "time_in", "vector_in", "guidance_in",
-                *(f"double_blocks.{i}" for i in range(19)), *(f"single_blocks.{i}" for i in range(38)),
-                "final_layer", "VAE")
-    return ()
+def block_names(arch: str, keys: Iterable[str] | None = None) -> tuple[str, ...]:
+    """Every block name of ``arch`` in model order (empty for an unknown architecture): counted from
+    ``keys`` (canonical or diffusion-model-only) when given, else the family's reference release."""
+    family = archs.BY_ID.get(arch)
+    if family is None:
+        return ()
+    if family.unet:
+        count = dict(family.groups)["input_blocks.{n}"]
+        vae = ("VAE",) if arch == "sdxl" else ()
+        return ("BASE", *_numbered("IN", count), "M00", *_numbered("OUT", count), *vae)
+    if keys is None:
+        counts, modules = family.groups, [*family.head, *family.tail]
+    else:
+        keys = list(keys)
+        counts, modules = archs.layout_of(arch, keys), _modules(family, keys)
+    head = [m for m in modules if m not in family.tail]
+    indexed = [template.replace("{n}", str(i)) for template, n in counts for i in range(n)]
+    return ("BASE", *head, *indexed, *[m for m in family.tail if m in modules], "VAE")
+
+
+def _modules(family: archs.Family, keys: list[str]) -> list[str]:
+    """The top-level modules of the diffusion model in ``keys`` that are no indexed block: the
+    family's known ones in table order, then the others by name."""
+    found = set()
+    for key in keys:
+        body = archs.body_of(key)
+        if body is not None and archs.group_block(family, body) is None:
+            found.add(body.split(".", 1)[0])
+    known = [m for m in (*family.head, *family.tail) if m in found]
+    return known + sorted(found - set(known))
 
 
 def block_of(arch: str, key: str) -> str | None:
-    """The block ``key`` belongs to in ``arch`` (sd15, sdxl, flux); None for an unknown arch."""
-    if arch in ("sd15", "sdxl"):
-        return _unet_block(arch, key)
-    if arch == "flux":
-        return _flux_block(key)
-    return None
+    """The block ``key`` belongs to in ``arch`` (a family id); None for an unknown arch."""
+    family = archs.BY_ID.get(arch)
+    if family is None:
+        return None
+    return _unet_block(arch, key) if family.unet else _module_block(family, key)
 
 
 def _unet_block(arch: str, key: str) -> str:
@@ -62,38 +83,35 @@ def _unet_block(arch: str, key: str) -> str:
     return "BASE"
 
 
-def _flux_block(key: str) -> str:
-    if key.startswith("vae."):
+def _module_block(family: archs.Family, key: str) -> str:
+    if key.startswith(("vae.", "first_stage_model.")):
         return "VAE"
-    if key.startswith("text_encoders."):
+    body = archs.body_of(key)
+    if body is None:
         return "BASE"
-    if m := _FLUX_INDEXED.search(key):
-        return f"{m.group(1)}.{m.group(2)}"
-    module = key.removeprefix(_DIFFUSION).split(".", 1)[0]
-    return module if module in _FLUX_MODULES else "BASE"
+    if (found := archs.group_block(family, body)) is not None:
+        return found[0].replace("{n}", str(found[1]))
+    return body.split(".", 1)[0]
 
 
-COMPONENTS = {"sd15": ("diffuser", "clip_l", "vae", "ema", "scheduler"),
-              "sdxl": ("diffuser", "clip_l", "clip_g", "vae", "scheduler"),
-              "flux": ("diffuser", "clip_l", "vae")}
+COMPONENTS = {f.id: ("diffuser", *dict.fromkeys(c for _, c in f.components),
+                     *(("scheduler",) if f.unet and f.id != "sdxl" else ()))
+              for f in archs.FAMILIES}
+COMPONENTS["sdxl"] = ("diffuser", "clip_l", "clip_g", "vae", "scheduler")
 
 
 def component_of(arch: str, key: str) -> str | None:
-    """sd-mecha's component of ``key``: diffuser, clip_l, clip_g, vae, ema or scheduler."""
+    """sd-mecha's component of ``key``: diffuser, clip_l, clip_g, vae, ema, scheduler (UNet families),
+    text_encoder (the other families but Flux.1, whose encoders are ``clip_l`` as in sd-mecha)."""
     if key.startswith(_DIFFUSION):
         return "diffuser"
-    prefixes = {
-        "sd15": (("cond_stage_model.", "clip_l"), ("first_stage_model.", "vae"), ("model_ema.", "ema")),
-        "sdxl": (("conditioner.embedders.0.", "clip_l"), ("conditioner.embedders.1.", "clip_g"),
-                 ("first_stage_model.", "vae")),
-        "flux": (("text_encoders.", "clip_l"), ("vae.", "vae")),
-    }.get(arch)
-    if prefixes is None:
+    family = archs.BY_ID.get(arch)
+    if family is None:
         return None
-    for prefix, component in prefixes:
+    for prefix, component in family.components:
         if key.startswith(prefix):
             return component
-    if arch == "flux":
+    if not family.unet:
         return "diffuser"  # a diffusion-model-only file has no prefix
     if arch == "sdxl" and key.split(".", 1)[0] in ("v_pred", "ztsnr", "edm_vpred"):
         return "diffuser"
@@ -122,11 +140,12 @@ def resolve(mapping: Mapping[str, object], arch: str, key: str, *, where: str = 
 
 def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | None = None) -> None:
     """Refuse map entries that can match nothing: not ``default``, not a glob, not a block name of
-    ``arch`` and not one of ``keys`` (when given; without it any dotted name passes as a key).
+    ``arch`` and not one of ``keys`` (when given, block names are counted from them; without it any
+    dotted name passes as a key).
 
     Raises ``ValueError`` naming the entry, with the nearest block names.
     """
-    names = block_names(arch)
+    names = block_names(arch, keys)
     for entry in mapping:
         if entry == "default" or _is_glob(entry) or entry in names:
             continue
@@ -134,11 +153,31 @@ def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | 
             continue
         if not names:
             raise ValueError(f"map entry {entry!r} is no key and no glob, and block names need a known "
-                             f"architecture ({', '.join(ARCHS)}; these models are {arch}): use key globs")
+                             f"architecture (these models are {arch}: no family of merge/architectures.py "
+                             f"matches them): use key globs")
         close = nearest_blocks(entry, names)
         hint = f"; {suggestion(close)}" if close else ""
-        raise ValueError(f"map entry {entry!r} is no block of {arch} ({', '.join(names[:4])}, ...), "
-                         f"no key and no glob{hint}")
+        if archs.BY_ID[arch].unet:
+            shown = f"{', '.join(names[:4])}, ..."
+        else:
+            shown = f"{'counted from the file: ' if keys is not None else ''}{_span(names)}"
+        raise ValueError(f"map entry {entry!r} is no block of {arch} ({shown}), no key and no glob{hint}")
+
+
+def _span(names: tuple[str, ...]) -> str:
+    """``BASE, img_in, double_blocks.0-7, single_blocks.0-47, final_layer, VAE``: runs of indexed names
+    shortened."""
+    out: list[str] = []
+    run: list = []  # stem, first and last index of the run out[-1] shows
+    for name in names:
+        stem, _, index = name.rpartition(".")
+        if index.isdigit() and run and run[0] == stem and int(index) == run[2] + 1:
+            run[2] = int(index)
+            out[-1] = f"{stem}.{run[1]}-{run[2]}"
+        else:
+            run = [stem, int(index), int(index)] if stem and index.isdigit() else []
+            out.append(name)
+    return ", ".join(out)
 
 
 def nearest_blocks(entry: str, names: tuple[str, ...]) -> list[str]:

@@ -83,6 +83,8 @@ MERGE_FLAGS = (
     ("memory_budget_mb", "read-ahead + intermediates (%(default)s)"),
     ("shape_policy", "(%(default)s)"),
     ("missing_policy", "(%(default)s)"),
+    ("architecture_policy", "inputs of different families or block counts: refuse, or allow to merge "
+                            "them key by key (%(default)s)"),
     ("nonfinite", "(%(default)s)"),
     ("seed", "seed of random methods (%(default)s)"),
 )
@@ -90,7 +92,7 @@ MERGE_FLAGS = (
 
 def build_parser() -> argparse.ArgumentParser:
     from .extract import ExtractOptions
-    from .io import OUT_DTYPES
+    from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 
     parser = argparse.ArgumentParser(prog="patchbay_merge.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a recipe and its model files without merging")
     _recipe_args(validate)
+    validate.add_argument("--architecture-policy", choices=ARCHITECTURE_POLICIES, default="refuse",
+                          help="as for merge (%(default)s)")
     validate.set_defaults(run=run_validate)
 
     methods = sub.add_parser("methods", help="list the merge methods with their one-line docs")
@@ -236,10 +240,11 @@ def _models_arch(root: Any, search_dirs: tuple[Path, ...]) -> str | None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from .plan import plan
+    from .plan import MergeOptions, plan
 
     root = load_recipe(args)
-    summary = plan(root, search_dirs=_search_dirs(args))
+    options = MergeOptions(search_dirs=_search_dirs(args), architecture_policy=args.architecture_policy)
+    summary = plan(root, options)
     print(f"ok: {summary.keys} keys, {summary.arch}, {len(summary.sources)} inputs "
           f"({', '.join(summary.sources)})")
     for warning in summary.warnings:

@@ -27,7 +27,8 @@ class KeyContext:
       decomposition so that changing only ``alpha`` is cheap). The dict itself is mutable.
     - ``seed``: the merge seed; random methods derive their generator from ``seed`` and ``key``.
     - ``device``: where the tensors live and the work should happen.
-    - ``arch``: the detected architecture of the output (``sd15``, ``sdxl``, ``flux``, ``unknown``);
+    - ``arch``: the detected family of the output (merge/architectures.py: ``sd15``, ``flux2``, ...,
+      ``unknown``);
       ``pick_component`` / ``omit_component`` need it to know a key's component.
     """
 

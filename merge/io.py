@@ -3,9 +3,10 @@
 Opening a model reads only its header; tensors are read one key at a time: mapped (``map``: a private
 mapping of that key's bytes, read in place from the page cache, released with the tensor, so resident
 memory holds only the keys in flight) or read with ``os.preadv`` into buffers the caller owns. The
-architecture is detected from key names and shapes: ``sd15``, ``sdxl``, ``flux`` (whole checkpoints
-or UNet/transformer-only files), ``lora-kohya``, ``lora-lycoris``, ``lora-peft`` or ``unknown``. Every
-problem with a file raises ``ModelFileError`` naming the file and what to do.
+architecture is detected from key names and shapes: a family of merge/architectures.py (``sd15``,
+``sdxl``, ``flux``, ``flux2``, ``wan21``, ...; whole checkpoints or UNet/transformer-only files),
+``lora-kohya``, ``lora-lycoris``, ``lora-peft`` or ``unknown``. Every problem with a file raises
+``ModelFileError`` naming the file and what to do.
 
 The writer knows every output tensor's name, dtype and shape before the first byte, so the header
 is written first and each tensor goes to its final offset as soon as it exists. Bytes go to a
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import partials
+from . import architectures, partials
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -221,18 +221,17 @@ def _prod(shape: Iterable[int]) -> int:
 
 # ---- architecture detection --------------------------------------------------------------------
 
-_CROSS_ATTENTION = re.compile(r"^(model\.diffusion_model\.)?(input_blocks|middle_block|output_blocks)"
-                              r"\.\d+\.1\.transformer_blocks\.0\.attn2\.to_k\.weight$")
 _LYCORIS_MARKERS = (".hada_w1_a", ".lokr_w1", ".lokr_w2", ".lokr_w1_a", ".lokr_w2_a", ".hada_t1")
+ARCHITECTURE_POLICIES = ("refuse", "allow")
 
 
 def detect_architecture(tensors: Mapping[str, TensorInfo]) -> tuple[str, bool]:
     """``(arch, unet_only)`` from key names and shapes.
 
-    SD1.5 and SDXL are told apart by the cross-attention context width of their transformers (768
-    vs 2048, any block: reduced-depth UNets lack some) and SDXL's ``label_emb``; Flux by its
-    ``double_blocks``. LoRA files are ``lora-lycoris`` when any LoHa/LoKr tensor is present, ``lora-kohya``
-    for ``lora_down``/``lora_up`` and ``lora-peft`` for ``lora_A``/``lora_B`` (diffusers, BFL).
+    LoRA files are ``lora-lycoris`` when any LoHa/LoKr tensor is present, ``lora-kohya`` for
+    ``lora_down``/``lora_up`` and ``lora-peft`` for ``lora_A``/``lora_B`` (diffusers, BFL). Model files
+    get the id of their family in merge/architectures.py's table (``sd15``, ``sdxl``, ``flux``,
+    ``flux2``, ``wan21``, ...; ``unknown`` when none matches).
     """
     keys = tensors.keys()
     if any(k.endswith(_LYCORIS_MARKERS) for k in keys):
@@ -241,42 +240,57 @@ def detect_architecture(tensors: Mapping[str, TensorInfo]) -> tuple[str, bool]:
         return "lora-kohya", False
     if any(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys):
         return "lora-peft", False
-    for key in keys:
-        match = _CROSS_ATTENTION.match(key)
-        if match:
-            prefix, shape = match[1] or "", tensors[key].shape
-            sdxl = f"{prefix}label_emb.0.0.weight" in keys or (len(shape) == 2 and shape[1] == 2048)
-            return ("sdxl" if sdxl else "sd15"), not prefix
-    for unet_only, prefix in ((False, UNET_PREFIX), (True, "")):
-        if f"{prefix}double_blocks.0.img_attn.qkv.weight" in keys:
-            return "flux", unet_only
-    return "unknown", False
+    found = architectures.detect({k: info.shape for k, info in tensors.items()})
+    return found.family, found.unet_only
 
 
-def open_models(paths: Iterable[str | os.PathLike]) -> list[SafetensorsFile]:
-    """Open each path lazily and check that the weight files share one architecture."""
+def open_models(paths: Iterable[str | os.PathLike], architecture_policy: str = "refuse"
+                ) -> list[SafetensorsFile]:
+    """Open each path lazily and check that the weight files share one family and layout."""
     files = [SafetensorsFile(p) for p in paths]
-    check_same_architecture([(f.path, f.arch) for f in files if not f.arch.startswith("lora")])
+    weights = [(f.path, f.arch, f.canonical_keys()) for f in files if not f.arch.startswith("lora")]
+    check_same_architecture(weights, architecture_policy)
     return files
 
 
-def check_same_architecture(models: list[tuple[str | os.PathLike, str]]) -> None:
-    """``(path or name, arch)`` of every weight input: a ``ModelFileError`` naming the first that differs."""
+def check_same_architecture(models: list[tuple[str | os.PathLike, str, Iterable[str]]],
+                            policy: str = "refuse") -> list[str]:
+    """``(path or name, arch, canonical keys)`` of every weight input: a ``ModelFileError`` naming the
+    first whose family or block layout differs from the first input's (``policy`` ``"refuse"``), or
+    notes for the report: the mismatch (``"allow"``), inputs of no known family merged by key."""
     if not models:
-        return
-    first_path, first = models[0]
-    for path, arch in models[1:]:
-        if arch != first:
+        return []
+    first_path, first, first_keys = models[0]
+    first_layout = architectures.layout_of(first, first_keys)
+    first_blocks = architectures.comparable_layout(first, first_keys)
+    notes = []
+    for path, arch, keys in models[1:]:
+        keys = list(keys)
+        if (arch, architectures.comparable_layout(arch, keys)) == (first, first_blocks):
+            continue
+        layout = architectures.layout_of(arch, keys)
+        problem = f"is {_arch_phrase(arch)} but {Path(first_path).name} is " \
+                  f"{first if first != 'unknown' else _arch_phrase(first)}: " \
+                  f"{architectures.describe(arch, layout)} vs {architectures.describe(first, first_layout)}"
+        if arch == first:
+            problem += ", one family with different block counts"
+        if policy != "allow":
             raise ModelFileError(
-                path, f"is {_arch_phrase(arch)} but {Path(first_path).name} is "
-                      f"{first if first != 'unknown' else _arch_phrase(first)}",
-                "Models of different architectures cannot be merged: use models of one base "
-                "(all SD1.5, all SDXL or all Flux).")
+                path, problem,
+                "Models of different architectures cannot be merged: use models of one base (one family "
+                "with the same blocks: merge/architectures.py). To merge them key by key anyway, set "
+                "architecture_policy 'allow' (MergeOptions(architecture_policy='allow'), "
+                "--architecture-policy allow)")
+        notes.append(f"{Path(path).name} {problem}; merged key by key (architecture_policy 'allow')")
+    if first == "unknown":
+        notes.append(f"{Path(first_path).name} is of no known family (merge/architectures.py): merged key by "
+                     f"key, without block names")
+    return notes
 
 
 def _arch_phrase(arch: str) -> str:
     if arch == "unknown":
-        return "a model of unknown architecture (no SD1.5, SDXL or Flux keys)"
+        return "a model of unknown architecture (no keys of a known family)"
     return f"a {arch} model"
 
 

@@ -63,6 +63,7 @@ class UNetLayout:
 
 LAYOUTS = {"sd15": UNetLayout(((2, True), (2, True), (2, True), (2, False))),
            "sdxl": UNetLayout(((2, False), (2, True), (2, True)))}
+LAYOUTS["sd2"] = LAYOUTS["sd15"]  # SD2.x keeps SD1.5's UNet layout (wider context only)
 
 
 def kohya_names(canonical_keys: list[str], arch: str) -> dict[str, str]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .io import OUT_DTYPES
+from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from .steps import Graph, check_maps, compile_recipe
 
 SHAPE_POLICIES = ("overlap", "first", "error")
@@ -67,6 +67,7 @@ class MergeOptions:
     overwrite: bool = False
     shape_policy: str = "overlap"
     missing_policy: str = "first"
+    architecture_policy: str = "refuse"
     nonfinite: str = "error"
     seed: int = 0
     progress: bool = True
@@ -81,6 +82,7 @@ class MergeOptions:
     spill_dir: Path | None = None
 
     CHOICES = {"dtype": tuple(OUT_DTYPES), "shape_policy": SHAPE_POLICIES, "missing_policy": MISSING_POLICIES,
+               "architecture_policy": ARCHITECTURE_POLICIES,
                "nonfinite": NONFINITE_POLICIES}  # a class constant (no annotation): not a field
 
     def __post_init__(self) -> None:
@@ -142,15 +144,15 @@ def plan(recipe: object, options: MergeOptions | None = None,
     options = options or MergeOptions(search_dirs=tuple(search_dirs))
     graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
     report = MergeReport(path=Path())
-    with opened_sources(graph) as sources:
+    with opened_sources(graph, options.architecture_policy) as sources:
         plans = plan_keys(graph, sources, options, report)
     return PlanSummary(len(plans), report.arch, [s.name for s in sources], report.warnings)
 
 
 @contextlib.contextmanager
-def opened_sources(graph: Graph) -> Iterator[list]:
+def opened_sources(graph: Graph, architecture_policy: str = "refuse") -> Iterator[list]:
     """The graph's sources opened lazily (headers only), closed on leaving the block."""
-    sources = graph.open_sources()
+    sources = graph.open_sources(architecture_policy)
     try:
         yield sources
     finally:
@@ -162,6 +164,7 @@ def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeR
     """Output keys in order, with dtypes and shapes, after the missing-key and shape policies."""
     weights = [i for i, s in enumerate(sources) if s.space == "weight"] or list(range(len(sources)))
     report.arch = sources[weights[0]].arch if sources else "unknown"
+    report.warnings += graph.notes
     keys: dict[str, None] = {}
     for i in weights:
         keys.update(dict.fromkeys(sources[i].keys()))

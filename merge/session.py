@@ -36,7 +36,7 @@ class MergeSession:
         self.options = options = options or MergeOptions()
         self.graph = compile_recipe(recipe, options.search_dirs, options.cache, options.resolve, options.seed)
         self.report = MergeReport(path=path or Path())
-        self.sources = self.graph.open_sources()
+        self.sources = self.graph.open_sources(options.architecture_policy)
         try:
             self.plans: list[KeyPlan] = plan_keys(self.graph, self.sources, options, self.report)
         except BaseException:
@@ -46,7 +46,7 @@ class MergeSession:
 
     @property
     def arch(self) -> str:
-        """The architecture of the weight inputs (sd15, sdxl, flux or unknown)."""
+        """The family of the weight inputs (merge/architectures.py: sd15, flux2, ... or unknown)."""
         return self.report.arch
 
     def __enter__(self) -> MergeSession:

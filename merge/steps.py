@@ -67,10 +67,12 @@ class Graph:
     sources: list[SourceSpec]
     fingerprints: list = field(default_factory=list)
     seed: int = 0  # the merge seed: part of the key ids of random calls only
+    notes: list[str] = field(default_factory=list)  # what the architecture check let through
 
-    def open_sources(self) -> list:
+    def open_sources(self, architecture_policy: str = "refuse") -> list:
         """Open every source lazily (headers only); LoRA files become delta-space sources mapped onto the
-        first weight source; every weight source must share one architecture."""
+        first weight source; every weight source must share one family and block layout unless
+        ``architecture_policy`` is ``"allow"`` (then ``notes`` says what differs)."""
         from . import lora
 
         opened: list = []
@@ -82,7 +84,8 @@ class Graph:
                 else:
                     opened.append(mio.SafetensorsFile(spec.path))
             weights = [s for s in opened if not s.arch.startswith("lora")]
-            mio.check_same_architecture([(s.path if hasattr(s, "path") else s.name, s.arch) for s in weights])
+            named = [(s.path if hasattr(s, "path") else s.name, s.arch, _canonical_keys(s)) for s in weights]
+            self.notes = mio.check_same_architecture(named, architecture_policy)
             base = next((FileSource(s) if isinstance(s, mio.SafetensorsFile) else s for s in weights), None)
             for i, (spec, item) in enumerate(zip(self.sources, opened, strict=True)):
                 if isinstance(item, mio.SafetensorsFile):
@@ -126,6 +129,10 @@ class Graph:
         params = tuple((name, self.key_id(v, key, arch) if isinstance(v, Call) else self.scalar(v, key, arch))
                        for name, v in step.kwargs.items())
         return (step.method.name, args, params, self.seed if step.method.random else None)
+
+
+def _canonical_keys(source: Any) -> list[str]:
+    return source.canonical_keys() if isinstance(source, mio.SafetensorsFile) else source.keys()
 
 
 class FileSource:
