@@ -276,3 +276,21 @@ def test_core_hooks_on_quantized_models(loaded, fmt):
         with pytest.raises(error, match=message):
             sample(model, hooks=hooks)
     assert torch.equal(sample(model), plain(loaded, fmt)), "the failed run left the model changed"
+
+
+def test_a_weight_the_layer_cannot_dequantize_is_refused_with_a_fix(loaded, engine):
+    """Where the layer's own convert_weight fails (a format this device has no kernel for), a hook that
+    needs the weight stops with an error naming the layer and the fix, not inside core."""
+    model = quantized(loaded, "fp8mixed")
+    layer = model.get_model_object("diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q")
+
+    def no_kernel(weight, **kwargs):
+        raise NotImplementedError("no kernel for this layout here")
+
+    layer.convert_weight = no_kernel  # this instance only, removed below
+    try:
+        with pytest.raises(TypeError, match=r"attn1\.to_q\.weight .* convert_weight failed: no kernel .* "
+                                            r"Use a LoRA/LoCon hook .* or load it with LoraLoader"):
+            sample(engine.enable_hook_engine(model), hooks=arch_sampling.hook_lora(LOHA, 0.8))
+    finally:
+        del layer.convert_weight
