@@ -12,6 +12,8 @@ No weights can be downloaded where the tests run, so tests and demos use these i
   devtools/tiny_arch.py (which imports this module) and covered by the same manifest.
 - ``diffusion_models/*.gguf``: the SD1.5 UNet of ``a`` and the Flux model quantized to Q8_0 and Q4_K,
   as ComfyUI-GGUF's tools lay them out (devtools/tiny_gguf.py; made from the files above).
+- ``diffusion_models/*-fp8{mixed,scaled}.safetensors``: the same UNet in ComfyUI's own fp8 formats
+  (devtools/tiny_quant.py).
 - ``controlnet/``: a tiny SD1.5 ControlNet for these checkpoints, made by devtools/tiny_controlnet.py.
 
 Key names and shapes come from ComfyUI's own classes built on the ``meta`` device, and LoRA module
@@ -75,7 +77,8 @@ SD_VAE = {
 ATTENTION_SUFFIXES = ("_to_q", "_to_k", "_to_v", "_to_out_0", "_ff_net_0_proj", "_ff_net_2", "_proj_in",
                       "_proj_out")
 CONV_SUFFIXES = ("_conv1", "_conv2", "_conv_shortcut", "_time_emb_proj", "samplers_0_conv")
-SAFETENSORS_DTYPES = {torch.float16: "F16", torch.float32: "F32"}
+SAFETENSORS_DTYPES = {torch.float16: "F16", torch.float32: "F32", torch.float8_e4m3fn: "F8_E4M3"}
+_NO_NUMPY = (torch.float8_e4m3fn,)  # written as their bytes
 
 
 class ModelDeterminismError(RuntimeError):
@@ -120,10 +123,12 @@ def all_rels() -> list[str]:
     import tiny_arch  # imported late: these build on this module
     import tiny_controlnet
     import tiny_gguf
+    import tiny_quant
 
     sd15 = [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
-    # GGUF last: made from the others
-    return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + tiny_gguf.all_rels()
+    # GGUF and quantized last: made from the others
+    made_from = tiny_gguf.all_rels() + tiny_quant.all_rels()
+    return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + made_from
 
 
 def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
@@ -352,7 +357,8 @@ def write_safetensors(path: Path, tensors: Tensors, metadata: dict[str, str]) ->
     header: dict = {"__metadata__": dict(sorted(metadata.items()))}
     arrays, offset = [], 0
     for key in sorted(tensors):
-        array = tensors[key].contiguous().numpy()
+        tensor = tensors[key].contiguous()
+        array = (tensor.view(torch.uint8) if tensor.dtype in _NO_NUMPY else tensor).numpy()
         array = array.astype(array.dtype.newbyteorder("<"), copy=False)
         end = offset + array.nbytes
         header[key] = {"dtype": SAFETENSORS_DTYPES[tensors[key].dtype], "shape": list(array.shape),
@@ -414,19 +420,22 @@ def generate(
 
 def _write(out_dir: Path, rel: str, builder) -> str:
     """Generate ``out_dir / rel`` with ``builder`` and return its sha256."""
-    if rel.endswith(".gguf"):
+    if hasattr(builder, "write"):  # GGUF and quantized files: made from files written before them
         return builder.write(out_dir, rel)
     return write_safetensors(out_dir / rel, *builder.build(rel))
 
 
 def _builder(rel: str, made: dict[str, object]):
     """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for SDXL and Flux, tiny_controlnet's for the
-    ControlNet, tiny_gguf.GgufModels for the GGUF files; each made once, when needed."""
+    ControlNet, tiny_gguf.GgufModels for the GGUF files, tiny_quant.QuantModels for ComfyUI's quantized
+    ones; each made once, when needed."""
     import tiny_arch
     import tiny_controlnet
     import tiny_gguf
+    import tiny_quant
 
     kinds = {"gguf": (tiny_gguf.all_rels(), tiny_gguf.GgufModels),
+             "quant": (tiny_quant.all_rels(), tiny_quant.QuantModels),
              "arch": (tiny_arch.all_rels(), tiny_arch.ArchModels),
              "controlnet": (tiny_controlnet.all_rels(), tiny_controlnet.ControlNetModels)}
     kind = next((name for name, (rels, _) in kinds.items() if rel in rels), "sd15")

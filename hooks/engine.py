@@ -238,7 +238,7 @@ class HookEngine:
                 entry = backup.get(key)
                 base = entry.weight if entry is not None else comfy.utils.get_attr(model, key)
                 round_to = base.dtype if rounded else None
-                plain = plain_weight(comfy.utils.get_attr(model, parts[0][0].module_path), base, device)
+                plain = plain_weight(comfy.utils.get_attr(model, parts[0][0].module_path), key, base, device)
                 return dense_delta(parts, plain, strength, round_to).to(dtype)
             # the patch objects themselves (not their ids, which later patches could reuse) key the delta
             patches = tuple((patch, pk.offset) for pk, patch in parts)

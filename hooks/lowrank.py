@@ -49,7 +49,7 @@ def module_kind(module: torch.nn.Module) -> str | None:
     Norms are affine in their weight and bias, so their deltas are forward deltas too:
     norm(x; w + dw, b + db) = norm(x; w, b) + norm(x; dw, 0) + db.
     """
-    if isinstance(module, torch.nn.Linear):
+    if isinstance(module, torch.nn.Linear) or _is_linear_op(module):
         return "linear"
     if isinstance(module, torch.nn.GroupNorm):
         return "group_norm"
@@ -62,6 +62,14 @@ def module_kind(module: torch.nn.Module) -> str | None:
         if isinstance(module, cls) and module.padding_mode == "zeros":
             return f"conv{dims}d"
     return None
+
+
+def _is_linear_op(module: torch.nn.Module) -> bool:
+    """ComfyUI's mixed-precision Linear (comfy/ops.py ``mixed_precision_ops``, the layers of its fp8 and
+    nvfp4 models): a plain Module with Linear's attributes and function, not a ``torch.nn.Linear``."""
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__ == "Linear" and isinstance(getattr(module, "in_features", None), int)
+            and isinstance(weight, torch.Tensor) and weight.ndim == 2)
 
 
 class RowStrengths:

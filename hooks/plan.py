@@ -11,7 +11,7 @@ Data flow (once per hook content and model; the result is cached by the engine):
       -> {module: ModuleDeltas}: LoRA/LoCon on Linear/Conv weights as LowRankDelta (A, B used as
          loaded), everything else as DenseDelta materialised on demand through ``dense_fetch``
       rounding "loraloader": every patched weight stored in a lower precision than fp32 (fp8, fp16,
-         bf16; GGUF-quantized ones are not rounded, see hooks/quantized.py) instead gets one DenseDelta
+         bf16; quantized ones are not rounded, see hooks/quantized.py) instead gets one DenseDelta
          per (hook, weight), fetched per strength as round(W + dW(s)) - W with ComfyUI's own rounding
          (``comfy.float.stochastic_rounding``, seeded by the key), the weight full-load LoraLoader
          writes; the forward pass then recomputes the hooked rows with W plus that delta (``replace``),
@@ -34,7 +34,7 @@ import comfy.weight_adapter
 import torch
 
 from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
-from .quantized import is_stored_quantized
+from .quantized import kept_quantized
 
 __all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
            "dense_key", "load_hook_patches", "split_key"]
@@ -229,13 +229,15 @@ def dense_key(model: torch.nn.Module, hp: HookPatches, rounding: str = "compute"
 
 def _rounded(model: torch.nn.Module, pk: PatchKey, rounding: str) -> bool:
     """Whether ``rounding`` makes the patched tensor a dense delta rounded like LoraLoader's."""
-    return rounding == "loraloader" and _rounded_when_patched(comfy.utils.get_attr(model, pk.key))
+    return rounding == "loraloader" and _rounded_when_patched(_module(model, pk.module_path),
+                                                              comfy.utils.get_attr(model, pk.key))
 
 
-def _rounded_when_patched(weight: torch.Tensor) -> bool:
-    """Whether LoraLoader rounds W + delta back into this weight's storage: below fp32, and not kept
-    quantized (ComfyUI-GGUF adds LoRAs at dequantize time, in the compute dtype, as "compute" does)."""
-    return weight.dtype != torch.float32 and not is_stored_quantized(weight)
+def _rounded_when_patched(module: torch.nn.Module | None, weight: torch.Tensor) -> bool:
+    """Whether "loraloader" rounds W + delta back into this weight's storage: below fp32, and not kept
+    quantized (ComfyUI-GGUF adds LoRAs at dequantize time, in the compute dtype, as "compute" does;
+    ComfyUI's quantized layers requantize, which only their own code can do: hooks/quantized.py)."""
+    return weight.dtype != torch.float32 and not kept_quantized(module, weight)
 
 
 def _module_deltas(module: torch.nn.Module) -> ModuleDeltas:
