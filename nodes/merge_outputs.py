@@ -58,7 +58,8 @@ class PatchbayMerge:
                 "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
-              shape_policy: str = "overlap", missing_policy: str = "first", unique_id: str | None = None) -> dict:
+              shape_policy: str = "overlap", missing_policy: str = "first",
+              unique_id: str | None = None) -> dict:
         fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy)
         model, clip, vae, lines = merge_runtime.merge_models(recipe, **fields)
         if len(lines) > 1:  # warnings: shown under the node too (they are in the log already)
