@@ -289,12 +289,17 @@ def test_values_far_beyond_every_inputs_range_are_reported_with_the_key(m, abc, 
             m.execute.merge(recipe, tmp_path / "fp16.safetensors", opts(m))
     plain = m.execute.merge(m.recipe.weighted_sum(m.recipe.model(str(abc[0])), m.recipe.model(str(abc[1])),
                                                   alpha=3.0), tmp_path / "plain.safetensors", opts(m))
-    assert plain.out_of_range == [] and plain.warnings == []  # extrapolation 3x: within range
+    assert plain.out_of_range == [] and not_family(plain.warnings) == []  # extrapolation 3x: within range
+
+
+def not_family(warnings: list[str]) -> list[str]:
+    """The warnings other than the note that these tiny files are of no known family."""
+    return [w for w in warnings if "is of no known family" not in w]
 
 
 def test_the_range_check_measures_whole_inputs_before_it_warns(m, tmp_path):
-    """The first 64K elements of each input only bound its range from below: a key whose large values
-    come later is measured whole, and merges without a warning."""
+    """A sample of each input in memory (its first elements) only bounds its range from below: a key
+    whose large values come later is measured whole, and merges without a warning."""
     paths = []
     for name in ("a", "b"):
         weight = torch.full((300, 300), 1e-4).half()
@@ -302,7 +307,7 @@ def test_the_range_check_measures_whole_inputs_before_it_warns(m, tmp_path):
         save_file({"model.diffusion_model.out.2.weight": weight}, str(tmp_path / f"{name}.safetensors"))
         paths.append(m.recipe.model(str(tmp_path / f"{name}.safetensors")))
     report = m.execute.merge(m.recipe.weighted_sum(*paths), tmp_path / "out.safetensors", opts(m))
-    assert report.out_of_range == [] and report.warnings == []
+    assert report.out_of_range == [] and not_family(report.warnings) == []
 
 
 def test_nonfinite_values_of_an_input_file_are_blamed_on_that_file(m, abc, tmp_path):
