@@ -74,6 +74,8 @@ def make_custom_nodes_dir(parent: Path) -> Path:
     folder = parent / "custom_nodes"
     folder.mkdir(parents=True, exist_ok=True)
     link = folder / PACK_NAME
+    if link.is_symlink() and link.resolve() != ROOT.resolve():  # left by a clone that has moved
+        link.unlink()
     if not link.is_symlink():
         link.symlink_to(ROOT, target_is_directory=True)
     return folder

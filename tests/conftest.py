@@ -55,13 +55,41 @@ def models():
     return tiny_models.ensure_models(devpaths.models_dir())
 
 
+_PACK_LOCK: list = []  # the open lock file of the shared pack folder, held for the whole session
+
+
+def _pack_parent() -> Path:
+    """Where the in-process ComfyUI loads the pack from: a folder that stays the same from run to run
+    and from clone to clone (one per ComfyUI environment, beside the environments), not a temporary one.
+
+    The pack's module names hold that path, and so do the names dynamo gives the sizes it makes dynamic
+    in Fast Hooks' compiled graphs (a hash of the source name): a new path each run misses inductor's
+    graph cache and compiles the hooked UNet again (about 60 s per version, test_t1_compile_hooks.py).
+    A session holds the folder's lock while it runs; a second session at the same time (another clone,
+    another worktree) takes a folder inside its own clone instead, so it never loads the other's code.
+    """
+    import fcntl
+
+    name = devpaths.comfyui_dir().resolve().parent.name
+    shared = devpaths.env_cache_dir() / "test-pack" / name
+    shared.mkdir(parents=True, exist_ok=True)
+    handle = open(shared / ".lock", "w")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return devpaths.cache_dir() / "test-pack" / name
+    _PACK_LOCK.append(handle)
+    return shared
+
+
 @pytest.fixture(scope="session")
 def comfy(models, tmp_path_factory):
     """ComfyUI imported in-process on the CPU with this pack loaded as a custom node."""
     import comfy_inprocess
 
     nodes = comfy_inprocess.start_comfy(output_dir=tmp_path_factory.mktemp("comfy_output"))
-    pack = comfy_inprocess.load_pack(nodes, tmp_path_factory.mktemp("pack"))
+    pack = comfy_inprocess.load_pack(nodes, _pack_parent())
     import folder_paths
 
     return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
