@@ -68,7 +68,9 @@ def page(method) -> str:
     lines += ["", "## Output", "",
               f"`recipe`: {SPACES[method.output]}. Connect it to another method node, or to Merge (a MODEL, "
               f"CLIP and VAE in the graph), Save Merge (a checkpoint file) or Extract LoRA.", "",
-              "Methods, formulas and defaults follow sd-mecha 1.1.8 (see the README's methods table).", "",
+              "Names, formulas and defaults follow sd-mecha 1.1.8, or mergekit's formulas for the methods "
+              "taken from it; docs/merge-methods.md gives each formula and any difference.",
+              "",
               "<!-- generated from merge.registry by devtools/build_merge_docs.py -->", ""]
     return "\n".join(lines)
 

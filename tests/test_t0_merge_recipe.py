@@ -230,7 +230,8 @@ def test_bad_definitions_are_refused_at_registration(reg, source, fragment):
 
 def test_random_methods_are_declared_and_a_random_one_cannot_be_elementwise(reg):
     assert {m.name for m in reg.all_methods() if m.random} == {"dropout", "ties_sum_with_dropout",
-                                                               "truncate_rank"}
+                                                               "truncate_rank", "truncate_kronecker",
+                                                               "della", "della_linear"}
     with reg.scope(), pytest.raises(reg.MethodDefinitionError, match="a random method cannot be elementwise"):
         _define(reg, "def f(a: Weight) -> Weight:\n 'd'\n return a", random=True, elementwise=True)
 

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.t0
 sd_mecha = pytest.importorskip("sd_mecha")
 from sd_mecha.extensions.builtin.merge_methods import (  # noqa: E402
     cosine,
+    kronecker,
     limiting,
     linear,
+    logistics,
     slicing,
     svd,
     ties,
@@ -140,6 +142,20 @@ CASES = [
      (CONV_A, CONV_B), {"alignment": 1.0, "alpha": 0.5, "centralization": 0.5}),
     ("truncate_rank", lambda: svd.truncate_rank(sdm(D1, "delta"), rank=3, use_approximate_basis=False),
      (D1,), {"rank": 3, "use_approximate_basis": False}),
+    ("scale", lambda: linear.scale(sdm(D1, "delta"), alpha=-0.7), (D1,), {"alpha": -0.7}),
+    ("cast", lambda: logistics.cast(sdm(A), dtype="float16"), (A,), {"dtype": "float16"}),
+    ("cast_bfloat16", lambda: logistics.cast(sdm(A), dtype="bfloat16"), (A,), {"dtype": "bfloat16"}),
+    ("cast_int8", lambda: logistics.cast(sdm(3 * A), dtype="int8"), (3 * A,), {"dtype": "int8"}),
+    ("stack", lambda: logistics.stack(sdm(A), sdm(B), sdm(C)), (A, B, C), {}),
+    ("omit_non_finite", lambda: logistics.omit_non_finite(sdm(A)), (A,), {}),
+    *[(f"truncate_kronecker_{name}", lambda delta=delta, ratio=ratio: kronecker.truncate_kronecker(
+        sdm(delta, "delta"), kronecker_ratio=ratio, use_approximate_basis=False),
+       (delta,), {"kronecker_ratio": ratio, "use_approximate_basis": False})
+      for name, delta, ratio in (("balanced", D1, 0.5), ("small_w1", D1, 0.0), ("large_w1", D1, 1.0),
+                                 ("conv", CONV_A, 0.3), ("square", t(16, 16, seed=20), 0.5))],
+    ("truncate_kronecker_seeded", lambda: kronecker.truncate_kronecker(
+        sdm(CONV_B, "delta"), kronecker_ratio=0.6, approximate_basis_iters=3, approximate_basis_seed=7),
+     (CONV_B,), {"kronecker_ratio": 0.6, "approximate_basis_iters": 3, "approximate_basis_seed": 7}),
 ]
 
 
@@ -148,11 +164,14 @@ def test_same_numbers_as_sd_mecha(ours, name, build, tensors, scalars):
     from merge import registry
 
     method = name.split("_parallel")[0].split("_sharp")[0]
+    method = "truncate_kronecker" if method.startswith("truncate_kronecker") else method
+    method = {"cast_bfloat16": "cast", "cast_int8": "cast"}.get(method, method)
     method = {"ties_sum_extended_median": "ties_sum_extended", "della": "ties_sum_with_dropout",
               "rotate_fractional": "rotate", "rotate_conv": "rotate",
               "rotate_wide_fractional": "rotate"}.get(method, method)
     space = registry.get(method).output
-    expected = run_sd_mecha(build(), "delta" if space == "delta" or tensors[0] is D1 else
+    delta_in = registry.get(method).inputs[0].space == "delta"
+    expected = run_sd_mecha(build(), "delta" if space == "delta" or delta_in or tensors[0] is D1 else
                             "param" if space == "param" else "weight")
     got = ours(method, *tensors, **scalars)
     assert got.shape == expected.shape
@@ -202,3 +221,30 @@ def test_sd_mecha_tensor_sum_changes_its_inputs_in_1_1_8(ours):
     a = torch.zeros(4, 2)
     res = ours("weighted_sum", ours("tensor_sum", a, torch.ones(4, 2), width=0.5), a, alpha=0.5)
     assert res[:, 0].tolist() == [0.5, 0.5, 0.0, 0.0] and not a.any()
+
+
+def test_omit_non_finite_drops_the_key_as_sd_mecha_does(ours):
+    """sd-mecha leaves a key with a NaN or an infinity out of its output; ours returns None (key absent)."""
+    for bad in (float("nan"), float("inf")):
+        tensor = A.clone()
+        tensor[2, 3] = bad
+        out: dict = {}
+        sd_mecha.merge(logistics.omit_non_finite(sdm(tensor)), output=out, merge_dtype=torch.float32,
+                       output_dtype=torch.float32, merge_device="cpu", output_device="cpu", threads=0,
+                       tqdm=_NoBar, strict_merge_space="weight")
+        assert KEY not in out
+        assert ours("omit_non_finite", tensor) is None
+
+
+def test_cast_names_a_wrong_dtype_and_the_valid_ones(ours):
+    with pytest.raises(ValueError, match=r"unknown dtype 'float61'.*did you mean.*float16"):
+        ours("cast", A, dtype="float61")
+
+
+def test_sd_mecha_scale_by_zero_writes_a_scalar_in_1_1_8_ours_keeps_the_shape(ours):
+    """sd-mecha's scale returns the number 0.0 for alpha=0, so the key is written as a 0-d tensor; ours
+    gives zeros of the delta's shape (what every later method and the output file expect)."""
+    theirs = run_sd_mecha(linear.scale(sdm(D1, "delta"), alpha=0.0), "delta")
+    assert theirs.shape == () and theirs.item() == 0
+    got = ours("scale", D1, alpha=0.0)
+    assert got.shape == D1.shape and not got.any()

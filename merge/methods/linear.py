@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
-from ..registry import AnySpace, Delta, Param, Weight, merge_method
-from ._util import is_close
+from ..registry import AnySpace, Delta, Param, Range, Weight, merge_method
+from ._util import is_close, model_weights
 
 SOUPS = "https://arxiv.org/abs/2203.05482"
 TASK_ARITHMETIC = "https://arxiv.org/abs/2212.04089"
 SUPERMERGER = "https://github.com/hako-mikan/sd-webui-supermerger"
 SD_MECHA = "https://github.com/ljleb/sd-mecha"
+NEARSWAP = "https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"
 
 
 @merge_method(paper=SOUPS, elementwise=True)
@@ -30,6 +33,33 @@ def n_average(*models: AnySpace) -> AnySpace:
     for i, model in enumerate(models[1:], start=2):
         res = torch.lerp(res, model, 1 / i)
     return res
+
+
+@merge_method(paper=SOUPS, elementwise=True)
+def linear(*models: AnySpace, weights: str = "", normalize: bool = True) -> AnySpace:
+    """Weighted sum of any number of models, sum(w_i * m_i) / sum(w_i) when normalized (mergekit's linear)."""
+    w = model_weights(weights, len(models), "linear")
+    total = sum(w)
+    if normalize and total == 0:
+        raise ValueError(f"linear: weights={weights!r} sum to 0, so they cannot be normalized; change a "
+                         f"weight or set normalize=false")
+    res = sum(weight * model for weight, model in zip(w, models, strict=True))
+    return res / total if normalize else res
+
+
+@merge_method(paper=NEARSWAP, elementwise=True)
+def nearswap(a: AnySpace, b: AnySpace, *, t: Annotated[float, Range(0.0)] = 1e-4) -> AnySpace:
+    """NearSwap (mergekit): B where it is within t of A, else lerp by t / |a - b| (clamped to [0, 1])."""
+    weight = (t / (a - b).abs().clamp(min=1e-6)).clamp(0, 1)
+    return torch.lerp(a, b, weight)
+
+
+@merge_method(paper=SD_MECHA, elementwise=True)
+def scale(a: Delta, *, alpha: float = 1.0) -> Delta:
+    """A delta times alpha (0 gives zeros, 1 the delta unchanged)."""
+    if is_close(alpha, 1.0):
+        return a
+    return a * alpha
 
 
 @merge_method(paper="https://doi.org/10.1145/325165.325242")

@@ -1,9 +1,12 @@
-"""Key logistics: fall back to another model for absent keys, keep or drop a model component."""
+"""Key logistics: fall back for absent keys, keep or drop a component or a non-finite key, cast, stack."""
 
 from __future__ import annotations
 
+import torch
+
 from ..blocks import COMPONENTS, component_of
 from ..context import KeyContext
+from ..names import did_you_mean
 from ..registry import AnySpace, merge_method
 
 SD_MECHA = "https://github.com/ljleb/sd-mecha"
@@ -35,3 +38,33 @@ def _component(ctx: KeyContext, wanted: str) -> str | None:
     if wanted not in valid:
         raise ValueError(f"component {wanted!r} does not exist in {ctx.arch}; valid components: {valid}")
     return component_of(ctx.arch, ctx.key)
+
+
+CAST_DTYPES = {name: getattr(torch, name) for name in (
+    "float64", "int64", "float32", "int32", "float16", "bfloat16", "int16", "int8", "bool", "uint8",
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    "float8_e8m0fnu")
+    if hasattr(torch, name)}  # sd-mecha's names
+
+
+@merge_method(paper=SD_MECHA)
+def cast(a: AnySpace, *, device: str | None = None, dtype: str | None = None) -> AnySpace:
+    """Round the values to dtype (float16, bfloat16, float8_e4m3fn, int8, ...); the merge goes on in fp32."""
+    if dtype is None:
+        return a
+    if dtype not in CAST_DTYPES:
+        raise ValueError(f"cast: unknown dtype {dtype!r}{did_you_mean(dtype, CAST_DTYPES)}; "
+                         f"valid: {', '.join(CAST_DTYPES)} (or none)")
+    return a.to(CAST_DTYPES[dtype]).to(a.dtype)
+
+
+@merge_method(paper=SD_MECHA)
+def stack(*values: AnySpace) -> AnySpace:
+    """The tensors stacked along a new first dimension ([n, *shape]), for a method taking them together."""
+    return torch.stack(values)
+
+
+@merge_method(paper=SD_MECHA)
+def omit_non_finite(a: AnySpace) -> AnySpace:
+    """The tensor, or the key left out of the output where it holds a NaN or an infinity."""
+    return a if bool(a.isfinite().all()) else None
