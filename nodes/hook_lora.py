@@ -175,7 +175,7 @@ class PatchbayLoraStackHooks(_Hook):
     def VALIDATE_INPUTS(cls, schedules: str | None = None, positions: str | None = None) -> bool | str:
         for line in (schedules or "").splitlines():
             try:
-                keyframes_for(line.split("#", 1)[0].rpartition(":")[2], positions or "percent")
+                keyframes_for(line.split("#", 1)[0].rpartition(":")[2].strip(), positions or "percent")
             except schedule_text.ScheduleError as error:
                 return f"schedules line {line!r}: {error}"
         return True

@@ -435,8 +435,10 @@ def test_block_weights_on_loha_keep_the_schedule(rig):
 @pytest.mark.parametrize(("text", "needle"), [
     ("IN0=0", "'IN0' is no block of sd15"),
     ("IN0=0", "IN00"),
-    ("OUT05", "'OUT05' at line 1, column 1 is not name=strength"),
+    ("OUT05", "'OUT05' is not name=strength items"),  # read as an A1111 preset name: hooks/lbw.py
     ("IN00=1, M00=x", "'M00=x' at line 1, column 9"),
+    ("OUTAL", "'OUTAL' is no LoRA Block Weight preset; did you mean 'OUTALL'"),  # A1111 form: hooks/lbw.py
+    ("1,0,1", "has 3 values; expected sd15: 17 or 26; sdxl: 12 or 20; flux: 61"),
 ])
 def test_block_map_errors(rig, text, needle):
     (ours,) = rig.node("PatchbayHookLora").create(LORA, 1.0, 1.0)
