@@ -1,11 +1,13 @@
-"""LoRA block weights on hooks: a per-block strength map (the merge library's block names) on LoRA hooks."""
+"""LoRA block weights on hooks: a per-block strength map (the merge library's block names, or an A1111
+LoRA Block Weight preset / number list, hooks/lbw.py) on LoRA hooks."""
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..hooks import block_weights
+from ..hooks import block_weights, lbw
 from ..merge import blocks as merge_blocks
 
 if TYPE_CHECKING:
@@ -43,9 +45,24 @@ def _expand_block_globs(mapping: dict[str, float], arch: str) -> dict[str, float
     return out
 
 
-def strength_map(text: str, arch: str):
-    """key -> strength for ``text`` (checked against ``arch``'s block names, with did-you-mean)."""
-    mapping = _expand_block_globs(block_weights.parse_block_map(text), arch)
+def strength_map(text: str, arch: str) -> Callable[[str], float]:
+    """key -> strength for ``text``: block=strength items (checked against ``arch``'s block names, with
+    did-you-mean) or an A1111 LoRA Block Weight preset or number list (hooks/lbw.py)."""
+    if not lbw.is_lbw(text):
+        return _strength_of(_expand_block_globs(block_weights.parse_block_map(text), arch), arch)
+    try:
+        weights = lbw.block_map(text, arch)
+    except lbw.LbwError as error:
+        raise block_weights.BlockWeightError(f"block map {text.strip()!r} is not name=strength items, so "
+                                             f"it is read as a LoRA Block Weight preset or list: {error}"
+                                             ) from None
+    return _strength_of(dict(weights.blocks), arch, weights.text)
+
+
+def _strength_of(mapping: dict[str, float], arch: str, text: tuple[tuple[str, float], ...] = ()
+                 ) -> Callable[[str], float]:
+    """The strength function of a checked block map; ``text``: (text-encoder key prefix, strength)
+    pairs that win over BASE (Flux's T5 in an lbw vector)."""
     mapping.setdefault("default", 1.0)
     try:
         merge_blocks.check_map(mapping, arch)
@@ -53,8 +70,9 @@ def strength_map(text: str, arch: str):
         raise block_weights.BlockWeightError(f"block map: {error}.") from None
 
     def strength_of(key: str) -> float:
-        if not key.startswith("diffusion_model."):
-            return float(mapping.get("BASE", mapping["default"]))  # text encoder weights
+        if not key.startswith("diffusion_model."):  # text encoder weights
+            found = next((value for prefix, value in text if key.startswith(prefix)), None)
+            return float(mapping.get("BASE", mapping["default"]) if found is None else found)
         return float(merge_blocks.resolve(mapping, arch, _MODEL_PREFIX + key, where="block map"))
     return strength_of
 
@@ -62,8 +80,9 @@ def strength_map(text: str, arch: str):
 class PatchbayHookBlockWeights:
     NODE_ID = "PatchbayHookBlockWeights"
     DISPLAY_NAME = "LoRA Hook Block Weights (Patchbay)"
-    DESCRIPTION = ("Per-block strengths on LoRA hooks (SD1.5, SDXL, Flux block names), e.g. to keep a "
-                   "regional or scheduled LoRA out of the blocks that carry style.")
+    DESCRIPTION = ("Per-block strengths on LoRA hooks (SD1.5, SDXL, Flux block names, or an A1111 LoRA Block "
+                   "Weight preset such as OUTALL or number list), e.g. to keep a regional or scheduled LoRA "
+                   "out of the blocks that carry style.")
     CATEGORY = "Patchbay/hooks/create"
     FUNCTION = "apply"
     RETURN_TYPES = ("HOOKS",)
@@ -80,7 +99,9 @@ class PatchbayHookBlockWeights:
                                       "tooltip": "block=strength items: SD1.5/SDXL BASE, IN00.., M00, "
                                                  "OUT00..; Flux double_blocks.N, single_blocks.N ...; globs "
                                                  "(OUT*) and default (1 when left out). BASE = the text "
-                                                 "encoder."}),
+                                                 "encoder. Or, as A1111's LoRA Block Weight: a preset "
+                                                 "(INALL, MIDD, OUTD, OUTALL, ALL, FLUXALL, ...) or a "
+                                                 "number list (SD1.5 17 or 26, SDXL 12 or 20, Flux 61)."}),
                 "arch": ([AUTO, *merge_blocks.ARCHS],
                          {"tooltip": "Whose block names; auto: from the model."}),
             },

@@ -1,11 +1,12 @@
-"""LoRA hook nodes (HOOKS): LoRA, model-as-LoRA, a stack with schedules, and Scheduled LoRA in one node."""
+"""LoRA hook nodes (HOOKS): LoRA, model-as-LoRA, a stack with schedules, another pack's LORA_STACK as hooks,
+and Scheduled LoRA in one node."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..hooks import enable as fast_hooks
-from ..hooks import lora_hooks, schedule_text
+from ..hooks import lora_hooks, lora_stack, schedule_text
 from ..hooks.keyframes import keyframes_from_points
 from . import lora_files
 
@@ -27,11 +28,33 @@ _UNIT_TIP = "Schedule positions: percent (0 first step .. 1 last), step numbers 
 _SCHEDULE_TIP = "strength@position items, e.g. 0@0, 1@0.3, 0.2@1; empty = full strength throughout."
 
 
+_STACK_TIP = ("A LoRA stack from another pack (Efficiency Nodes' LoRA Stacker, Comfyroll's CR LoRA Stack, "
+              "LoRA Manager's Lora Stacker): (name, model strength, clip strength) entries.")
+
+
 def keyframes_for(text: str, unit: str) -> HookKeyframeGroup | None:
     """Keyframes for a schedule text, None for an empty one."""
     if not text.split("#", 1)[0].strip():
         return None
     return keyframes_from_points(schedule_text.parse_schedule(text, unit), unit)
+
+
+def stack_hooks(files: lora_files.LoraFiles, stack: list | None, schedules: str = "",
+                positions: str = "percent", prev: HookGroup | None = None) -> HookGroup:
+    """``prev``'s hooks plus one LoRA hook per LORA_STACK entry at its model and clip strength, scheduled
+    by its ``LABEL: schedule`` line of ``schedules`` (hooks/lora_stack.py)."""
+    entries = lora_stack.stack_entries(stack)
+    texts = lora_stack.entry_schedules(schedules, entries)
+    hooks = lora_hooks.combine(prev)
+    for entry in entries:
+        where = f"LORA_STACK entry {entry.position} ({entry.name!r})"
+        try:
+            name, lora = files.lora(entry.name)
+            keyframes = keyframes_for(texts.get(entry.position, ""), positions)
+        except ValueError as error:
+            raise type(error)(f"{where}: {error}") from None
+        hooks = lora_hooks.lora_hook(lora, entry.strength_model, entry.strength_clip, keyframes, hooks, name)
+    return hooks
 
 
 class _Hook(lora_files.ReadsLoras):
@@ -107,10 +130,13 @@ class PatchbayHookLoraStack(_Hook):
             slots[f"schedule_{i}"] = ("STRING", {"default": "", "tooltip": f"LoRA {i}: {_SCHEDULE_TIP}"})
         return {
             "required": {**slots, "positions": (list(schedule_text.UNITS), {"tooltip": _UNIT_TIP})},
-            "optional": {"prev_hooks": _PREV},
+            "optional": {"prev_hooks": _PREV,
+                         "lora_stack": ("LORA_STACK", {"tooltip": f"{_STACK_TIP} Added after the slots, "
+                                                                  "each at constant strength."})},
         }
 
-    def create(self, positions: str = "percent", prev_hooks: HookGroup | None = None, **slots) -> tuple:
+    def create(self, positions: str = "percent", prev_hooks: HookGroup | None = None,
+               lora_stack: list | None = None, **slots) -> tuple:
         hooks = lora_hooks.combine(prev_hooks)
         for i in range(1, STACK_SLOTS + 1):
             name = slots.get(f"lora_{i}", lora_files.NONE)
@@ -120,7 +146,43 @@ class PatchbayHookLoraStack(_Hook):
             strength = slots.get(f"strength_{i}", 1.0)
             keyframes = keyframes_for(slots.get(f"schedule_{i}", ""), positions)
             hooks = lora_hooks.lora_hook(lora, strength, strength, keyframes, hooks, name)
-        return (hooks,)
+        return (stack_hooks(self.files, lora_stack, prev=hooks),)
+
+
+class PatchbayLoraStackHooks(_Hook):
+    NODE_ID = "PatchbayLoraStackHooks"
+    DISPLAY_NAME = "LoRA Stack to Hooks (Patchbay)"
+    DESCRIPTION = ("Another pack's LORA_STACK as hooks: one LoRA hook per entry at its model and clip "
+                   "strength, each with its own schedule text.")
+    FILES_KEPT = 8
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {
+            "required": {
+                "lora_stack": ("LORA_STACK", {"tooltip": _STACK_TIP}),
+                "schedules": ("STRING", {"default": "", "multiline": True,
+                                         "tooltip": "One line per scheduled LoRA, LABEL: schedule; LABEL is "
+                                                    "its position in the stack (1 = first) or its name, e.g. "
+                                                    "'1: 0@0, 1@0.5' or 'my_lora: 1@0, 0@0.6'. LoRAs no line "
+                                                    "names keep their strength throughout."}),
+                "positions": (list(schedule_text.UNITS), {"tooltip": _UNIT_TIP}),
+            },
+            "optional": {"prev_hooks": _PREV},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, schedules: str | None = None, positions: str | None = None) -> bool | str:
+        for line in (schedules or "").splitlines():
+            try:
+                keyframes_for(line.split("#", 1)[0].rpartition(":")[2].strip(), positions or "percent")
+            except schedule_text.ScheduleError as error:
+                return f"schedules line {line!r}: {error}"
+        return True
+
+    def create(self, lora_stack: list, schedules: str = "", positions: str = "percent",
+               prev_hooks: HookGroup | None = None) -> tuple:
+        return (stack_hooks(self.files, lora_stack, schedules, positions, prev_hooks),)
 
 
 class PatchbayScheduledLora(lora_files.ReadsLoras):
@@ -177,4 +239,5 @@ class PatchbayScheduledLora(lora_files.ReadsLoras):
         return (fast_hooks.enable_hook_engine(model), clip, hooks)
 
 
-NODES = [PatchbayHookLora, PatchbayHookModelAsLora, PatchbayHookLoraStack, PatchbayScheduledLora]
+NODES = [PatchbayHookLora, PatchbayHookModelAsLora, PatchbayHookLoraStack, PatchbayLoraStackHooks,
+         PatchbayScheduledLora]

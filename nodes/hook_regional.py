@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..hooks import block_weights, lora_hooks, prompt_tags, regions
 from ..hooks import enable as fast_hooks
-from ..hooks import lora_hooks, prompt_tags, regions
 from ..hooks.keyframes import keyframes_from_points
-from . import lora_files
+from . import hook_blocks, lora_files
 
 if TYPE_CHECKING:
     import torch
+    from comfy.hooks import HookGroup
     from comfy.model_patcher import ModelPatcher
     from comfy.sd import CLIP
 
@@ -85,7 +86,8 @@ class PatchbayPromptLora(lora_files.ReadsLoras):
     NODE_ID = "PatchbayPromptLora"
     DISPLAY_NAME = "Prompt with LoRA Tags (Patchbay)"
     DESCRIPTION = ("A text encoder that reads A1111 <lora:name:0.8> tags (or <lora:name:0@0,1@0.5> for a "
-                   "schedule) and applies those LoRAs as hooks on this prompt only.")
+                   "schedule, <lora:name:0.8:lbw=OUTALL> for block weights) and applies those LoRAs as hooks "
+                   "on this prompt only.")
     CATEGORY = CATEGORY
     FUNCTION = "encode"
     RETURN_TYPES = ("CONDITIONING", "MODEL", "HOOKS")
@@ -102,10 +104,11 @@ class PatchbayPromptLora(lora_files.ReadsLoras):
                 "text": ("STRING", {"multiline": True, "dynamicPrompts": True,
                                     "default": "a knight in armor <lora:my_lora:0.8>",
                                     "tooltip": "The prompt; <lora:name:strength> or <lora:name:0@0,1@0.5> "
-                                               "tags name files in the loras folder (extension optional)."}),
+                                               "tags name files in the loras folder (extension optional); "
+                                               "add :lbw=PRESET or :lbw=1,0,... for A1111 block weights."}),
             },
             "optional": {"model": ("MODEL", {"tooltip": "Optional: checked against the LoRAs and returned on "
-                                                        "the Fast Hooks engine."})},
+                                                        "the Fast Hooks engine (needed for lbw=)."})},
         }
 
     @classmethod
@@ -120,16 +123,31 @@ class PatchbayPromptLora(lora_files.ReadsLoras):
         clean, tags = prompt_tags.split_prompt(text)
         hooks = None
         for tag in tags:
-            try:
-                name, lora = self.files.lora(tag.name)
-            except lora_files.UnknownFileError as error:
-                raise lora_files.UnknownFileError(f"LoRA tag at column {tag.column}: {error}") from None
-            if model is not None:
-                lora_hooks.check_lora_fits(lora, name, model, clip)
-            keyframes = keyframes_from_points(tag.schedule) if tag.schedule else None
-            hooks = lora_hooks.lora_hook(lora, tag.strength, tag.strength, keyframes, hooks, name)
+            hooks = lora_hooks.combine(hooks, self._tag_hook(tag, clip, model))
         cond = lora_hooks.encode(clip if hooks is None else lora_hooks.set_clip_hooks(clip, hooks), clean)
         return cond, None if model is None else fast_hooks.enable_hook_engine(model), hooks
+
+    def _tag_hook(self, tag: prompt_tags.LoraTag, clip: CLIP, model: ModelPatcher | None) -> HookGroup:
+        """The tag's LoRA hook, block-weighted by its lbw= (which needs the model to find the blocks)."""
+        where = f"LoRA tag at column {tag.column}"
+        try:
+            name, lora = self.files.lora(tag.name)
+        except lora_files.UnknownFileError as error:
+            raise lora_files.UnknownFileError(f"{where}: {error}") from None
+        if model is not None:
+            lora_hooks.check_lora_fits(lora, name, model, clip)
+        keyframes = keyframes_from_points(tag.schedule) if tag.schedule else None
+        hook = lora_hooks.lora_hook(lora, tag.strength, tag.strength, keyframes, name=name)
+        if tag.blocks is None:
+            return hook
+        if model is None:
+            raise block_weights.BlockWeightError(f"{where}: lbw={tag.blocks} needs the model input connected "
+                                                 f"(it maps the LoRA's weights to the model's blocks).")
+        try:
+            strength_of = hook_blocks.strength_map(tag.blocks, hook_blocks.arch_of(model))
+        except block_weights.BlockWeightError as error:
+            raise block_weights.BlockWeightError(f"{where}: {error}") from None
+        return block_weights.block_weighted(hook, model, clip, strength_of)
 
 
 NODES = [PatchbayRegionalLora, PatchbayPromptLora]
