@@ -27,6 +27,7 @@ ComfyUI Merge node's model (nodes/merge_runtime.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -139,9 +140,10 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, r
         check_output(out, plan, options, report, evaluator.sources, known)
         if cache is not None:
             cache.put(root_id(graph, plan, salt, report.arch), out.clone())
-            cache.settle()
 
     pipe.write(plan.key, result, before=checked)
+    if cache is not None:  # here, not in the writer: the methods fill their cache dicts in this thread,
+        cache.settle()  # and settle drops the dicts still empty (it would race a method filling one)
 
 
 DROPPED = torch.empty(0)  # cached for a key the recipe leaves out (pick_component): nothing to write
@@ -377,10 +379,23 @@ class _Pipeline:
         self._check_writer()
 
     def stop(self) -> None:
+        """Tear down (after ``finish``, or on an error or a Cancel): the keys already computed and handed
+        to the writer still pass their checks and reach the cache, so a stopped merge keeps what it
+        finished, as when the cache was filled in the calling thread; nothing more is written (the
+        temporary file is deleted). A key failing its check there is not cached, and its error is
+        dropped: the merge is stopping for another reason already."""
         self.stopping.set()
         for thread in (self.reader, self.writer_thread):
             if thread.is_alive():
                 thread.join()
+        while True:
+            try:
+                item = self.to_write.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _DONE and item[3] is not None:
+                with contextlib.suppress(Exception), torch.inference_mode(self.inference):
+                    item[3](item[1])
 
 
 def _read(source: Any, unit: Unit) -> torch.Tensor:

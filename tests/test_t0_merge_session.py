@@ -155,19 +155,19 @@ def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
     from merge.session import MergeSession
 
     with registry.scope():
-        def scale(a, *, factor: float = 1.0):
+        def times(a, *, factor: float = 1.0):
             """a times factor."""
             return a * factor
 
-        scale.__annotations__ = {"a": registry.Weight, "factor": float, "return": registry.Weight}
-        registry.merge_method(scale)
+        times.__annotations__ = {"a": registry.Weight, "factor": float, "return": registry.Weight}
+        registry.merge_method(times)
         resolve = Counting(files)
-        with MergeSession(R.call("scale", R.model("a"), factor=1e6), options(resolve=resolve)) as session, \
+        with MergeSession(R.call("times", R.model("a"), factor=1e6), options(resolve=resolve)) as session, \
                 caplog.at_level("WARNING", logger="merge.checks"):
             session.evaluate(ATTN)
             assert [key for key, *_ in session.report.out_of_range] == [ATTN]
             assert f"{ATTN}: the merged values reach" in caplog.text
-        with MergeSession(R.call("scale", R.model("a"), factor=1e300), options(resolve=resolve)) as session, \
+        with MergeSession(R.call("times", R.model("a"), factor=1e300), options(resolve=resolve)) as session, \
                 pytest.raises(NonFiniteError, match=f"{ATTN}: the merged tensor holds inf or NaN; the re"):
             session.evaluate(ATTN)
 
