@@ -66,7 +66,8 @@ def check_output(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report
                  known: float) -> torch.Tensor:
     """``out`` (one key's finished output, as it will be written) after the checks of the module
     docstring; ``known`` bounds the inputs' largest magnitude from below (``known_magnitude``). The
-    pipeline runs it in its writer thread, before the key is written or cached."""
+    pipeline runs it in its writer thread before the key is written or cached (and, for the keys
+    already handed over when a merge stops, in the calling thread before they are cached)."""
     size = magnitude(out)
     if not math.isfinite(size):
         if options.nonfinite == "error":
