@@ -187,7 +187,11 @@ def decompose(delta: torch.Tensor, rank: int | None, energy: float | None
     Convolutions come back as ``up (out, r, 1, 1)`` and ``down (r, in, kh, kw)`` (kohya LoCon).
     """
     matrix = delta.reshape(delta.shape[0], -1).float()
-    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    if matrix.shape[0] < matrix.shape[1]:  # LAPACK's SVD of a wide matrix takes ~3x its transpose's
+        v, s, uh = torch.linalg.svd(matrix.T, full_matrices=False)
+        u, vh = uh.T, v.T
+    else:
+        u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
     power = s.square()
     total = power.sum()
     if rank is None:
