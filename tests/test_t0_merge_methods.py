@@ -344,3 +344,31 @@ def test_methods_never_change_their_inputs(m, ctx):
         before = [x.clone() for x in inputs]
         method.fn(*inputs, ctx=ctx(arch="sd15"))
         assert all(torch.equal(x, y) for x, y in zip(inputs, before, strict=True)), method.name
+
+
+@pytest.mark.parametrize("case", [
+    "normal", "ties_and_zeros", "mostly_zeros", "tiny_and_huge", "inf_and_nan", "fp16"])
+def test_kth_smallest_magnitude_equals_kthvalue_on_large_tensors(case):
+    """The radix pass behind TIES's and the slicing methods' thresholds gives torch.kthvalue's value
+    exactly, above the size where it takes over (2**20 elements), at the ends and in the middle."""
+    from merge.methods._util import _RADIX_MIN, kth_smallest_magnitude
+
+    gen = torch.Generator().manual_seed(7)
+    n = _RADIX_MIN + 12344  # a multiple of 5: the input is taken as a matrix too
+    values = torch.randn(n, generator=gen)
+    if case == "ties_and_zeros":
+        values = torch.round(values * 4) / 4  # few distinct magnitudes, a third of them zero
+    elif case == "mostly_zeros":  # one bucket holds most values: kthvalue on the whole tensor
+        values[: n * 3 // 4] = 0
+    elif case == "tiny_and_huge":
+        values = values * torch.logspace(-40, 38, n)[torch.randperm(n, generator=gen)]
+    elif case == "inf_and_nan":
+        values[::1000] = float("inf")
+        values[5::1000] = -float("inf")
+        values[7::977] = float("nan")
+    elif case == "fp16":
+        values = values.half()
+    magnitudes = values.abs().float()
+    for k in (1, 2, n // 3, n // 2, n - 1000, n):
+        expected, actual = magnitudes.kthvalue(k).values, kth_smallest_magnitude(values.reshape(-1, 5), k)
+        assert torch.equal(actual, expected) or (actual.isnan() and expected.isnan()), (case, k, actual)

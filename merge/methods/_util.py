@@ -1,4 +1,5 @@
-"""Small helpers shared by the method modules: scalar-or-tensor checks, seeded generators."""
+"""Small helpers shared by the method modules: scalar-or-tensor checks, seeded generators, order
+statistics of magnitudes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,31 @@ def is_close(value: Scalar, target: float) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and math.isclose(value.item(), target)
     return math.isclose(value, target)
+
+
+_RADIX_MIN = 1 << 20  # below this many elements torch.kthvalue alone is as fast
+
+
+def kth_smallest_magnitude(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k``-th smallest ``|value|`` (1-based, as ``torch.kthvalue``) as a 0-d fp32 tensor: exact.
+
+    Large tensors go by one radix pass: the bit pattern of a non-negative fp32 orders as an integer, so
+    a histogram of the top 16 bits finds the bucket that holds the ``k``-th value, and
+    ``torch.kthvalue`` runs only inside it (about 4x faster than on the whole tensor on the CPU; TIES
+    on SD1.5 spends most of its time here). Where one bucket holds most values (a delta of mostly
+    equal values, e.g. zeros where two models share a text encoder) ``kthvalue`` takes the whole
+    tensor. NaN magnitudes order above +inf, as in ``kthvalue``.
+    """
+    flat = values.detach().flatten().abs().float()
+    if flat.numel() < _RADIX_MIN:
+        return flat.kthvalue(k).values
+    high = flat.view(torch.int32) >> 16  # sign bit clear: 0 .. 32767
+    below = torch.bincount(high, minlength=1 << 15).cumsum(0)
+    bucket = int(torch.searchsorted(below, torch.tensor(k, device=below.device)))
+    before = int(below[bucket - 1]) if bucket else 0
+    if int(below[bucket]) - before > flat.numel() // 2:  # one bucket holds most (equal deltas: zeros)
+        return flat.kthvalue(k).values
+    return flat[high == bucket].kthvalue(k - before).values
 
 
 def generator(ctx: KeyContext, seed: int | None, device: torch.device) -> torch.Generator:

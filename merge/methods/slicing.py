@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..registry import AnySpace, merge_method
+from ._util import kth_smallest_magnitude
 
 SUPERMERGER = "https://github.com/hako-mikan/sd-webui-supermerger"
 
@@ -42,7 +43,7 @@ def top_k_tensor_sum(a: AnySpace, b: AnySpace, *, width: float = 1.0, offset: fl
 def _kth_abs(a: torch.Tensor, k: int) -> torch.Tensor:
     if k <= 0:
         return torch.tensor(-1, device=a.device)
-    return torch.kthvalue(a.abs().float(), k)[0]
+    return kth_smallest_magnitude(a, k)
 
 
 def ratio_to_region(width: float, offset: float, n: int) -> tuple[int, int, bool]:

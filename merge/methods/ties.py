@@ -9,7 +9,7 @@ import torch
 
 from ..context import KeyContext
 from ..registry import AnySpace, Delta, Fraction, merge_method
-from ._util import generator, is_close
+from ._util import generator, is_close, kth_smallest_magnitude
 
 TIES = "https://arxiv.org/abs/2306.01708"
 DARE = "https://arxiv.org/abs/2311.03099"
@@ -69,7 +69,7 @@ def geometric_median(*models: AnySpace, eps: float = 1e-6, maxiter: int = 100,
 def filter_top_k(a: torch.Tensor, k: float) -> torch.Tensor:
     """``a`` with all but its largest ``k`` fraction of magnitudes zeroed (ties kept)."""
     kth = max(int((1 - k) * a.numel()), 1)
-    k_value = a.flatten().abs().float().kthvalue(kth).values
+    k_value = kth_smallest_magnitude(a, kth)
     return a * (a.abs() >= k_value).float()
 
 
