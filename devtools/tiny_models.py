@@ -166,9 +166,50 @@ def read_manifest(manifest: Path) -> dict[str, str]:
     return sums
 
 
+DIGESTS = ".sha256-by-stat.json"  # in the models folder: {rel: [size, mtime_ns, ctime_ns, inode, sha256]}
+
+
 def stale_files(out_dir: Path, sums: dict[str, str], rels: Iterable[str]) -> list[str]:
-    """Those of ``rels`` (paths below ``out_dir``) that are missing or whose sha256 is not in ``sums``."""
-    return [rel for rel in rels if not (out_dir / rel).is_file() or sha256(out_dir / rel) != sums[rel]]
+    """Those of ``rels`` (paths below ``out_dir``) that are missing or whose sha256 is not in ``sums``.
+
+    A file's digest is remembered with its size, inode and modification and change times (the change
+    time moves on every write and cannot be set back), so a file nobody wrote since it was last hashed
+    is not read again: every pytest session and server checks the ~5 GB of models, ~5 s of hashing.
+    """
+    known = _read_digests(out_dir)
+    stale, seen = [], {}
+    for rel in rels:
+        path = out_dir / rel
+        if not path.is_file():
+            stale.append(rel)
+            continue
+        stat = path.stat()
+        key = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+        entry = known.get(rel)
+        digest = entry[4] if entry and entry[:4] == key else sha256(path)
+        seen[rel] = [*key, digest]
+        if digest != sums[rel]:
+            stale.append(rel)
+    if any(known.get(rel) != entry for rel, entry in seen.items()):
+        _write_digests(out_dir, {**known, **seen})
+    return stale
+
+
+def _read_digests(out_dir: Path) -> dict[str, list]:
+    try:
+        known = json.loads((out_dir / DIGESTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_digests(out_dir: Path, digests: dict[str, list]) -> None:
+    """Written to a temporary file and renamed: sessions side by side never read half a file."""
+    if not out_dir.is_dir():
+        return
+    with tempfile.NamedTemporaryFile("w", dir=out_dir, prefix=DIGESTS, suffix=".tmp", delete=False) as handle:
+        json.dump(digests, handle)
+    os.replace(handle.name, out_dir / DIGESTS)
 
 
 def sha256(path: Path) -> str:
