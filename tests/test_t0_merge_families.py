@@ -285,3 +285,29 @@ def test_the_cli_takes_the_policy(tmp_path, capsys):
     assert "is a ltxv model but wan21.safetensors is wan21" in capsys.readouterr().err
     assert cli.main(["validate", str(recipe), "--architecture-policy", "allow"]) == 0
     assert "warning: " in capsys.readouterr().out
+
+
+def test_extract_lora_obeys_the_architecture_policy(tmp_path, capsys):
+    from merge import cli, extract, io
+    from merge import recipe as R
+
+    first, second = _pair(tmp_path, ("wan21", 2), ("ltxv", 2))
+    delta = R.subtract(R.model(str(first)), R.model(str(second)))
+    out = tmp_path / "lora.safetensors"
+    with pytest.raises(io.ModelFileError, match="is a ltxv model but wan21.safetensors is wan21"):
+        extract.extract_lora(delta, out)
+    assert not out.exists()
+    report = extract.extract_lora(delta, out, extract.ExtractOptions(rank=2, architecture_policy="allow"))
+    assert out.exists() and report.modules > 0
+    assert any("merged key by key" in w for w in report.warnings), report.warnings
+    with pytest.raises(ValueError, match="architecture_policy='maybe'; choose one of refuse, allow"):
+        extract.ExtractOptions(architecture_policy="maybe")
+    recipe = tmp_path / "d.mecha"
+    recipe.write_text(f'version 0.1.0\nmodel "{first}"\nmodel "{second}"\nmerge "subtract" &0 &1')
+    again = tmp_path / "cli.safetensors"
+    assert cli.main(["extract", str(recipe), str(again), "--rank", "2"]) == cli.EXIT_USER_ERROR
+    assert "--architecture-policy allow" in capsys.readouterr().err and not again.exists()
+    command = ["extract", str(recipe), str(again), "--rank", "2", "--architecture-policy", "allow"]
+    assert cli.main(command) == 0
+    assert "merged key by key" in capsys.readouterr().err and again.exists()
+
