@@ -423,5 +423,16 @@ def describe(family_id: str, layout: Collection[tuple[str, int]] = ()) -> str:
     return f"{family_id} ({family.name}{', ' + counts if counts else ''})"
 
 
+def from_comfy_classes(class_names: Iterable[str]) -> str | None:
+    """The family whose ``comfy`` column names one of ``class_names`` (a ComfyUI model config class and
+    its bases, most specific first: ``KOALA_700M``, ``SDXL``, ...), for a loaded model whose weights
+    do not show their shapes (quantized layouts); None when none does."""
+    for name in class_names:
+        for family in FAMILIES:
+            if any(fnmatch.fnmatchcase(name, word) for word in re.findall(r"[\w*]+", family.comfy)):
+                return family.id
+    return None
+
+
 def _is_glob(pattern: str) -> bool:
     return any(ch in pattern for ch in "*?[")

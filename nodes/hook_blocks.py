@@ -22,10 +22,14 @@ _MODEL_PREFIX = "model."  # merge.blocks reads checkpoint keys (model.diffusion_
 def model_blocks(model: ModelPatcher) -> tuple[str, list[str]]:
     """(family id, checkpoint keys) of the model's diffusion model: the family as the table in
     merge/architectures.py detects a file with the same keys and shapes (so block counts come from the
-    model: Flux.2 [dev] 8 + 48, Wan 1.3B 30 blocks); an error naming the model class otherwise."""
+    model: Flux.2 [dev] 8 + 48, Wan 1.3B 30 blocks), else by its config class (the table's ComfyUI
+    column); an error naming the model class otherwise."""
     shapes = {architectures.DIFFUSION_PREFIX + key: tuple(value.shape)
               for key, value in model.model.diffusion_model.state_dict().items()}
     family = architectures.detect(shapes).family
+    if family == architectures.UNKNOWN:  # weights whose shapes are a storage layout (GGUF): by config
+        lineage = (cls.__name__ for cls in type(model.model.model_config).__mro__)
+        family = architectures.from_comfy_classes(lineage) or family
     if family == architectures.UNKNOWN:
         raise block_weights.BlockWeightError(
             f"block weights know the families of merge/architectures.py ({', '.join(merge_blocks.ARCHS)}); "

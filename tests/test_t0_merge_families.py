@@ -396,3 +396,16 @@ def test_a_wan_merge_takes_a_text_block_map_with_ranges(tmp_path):
         source = f"blocks.{index}.ffn.0.weight"
         expected = a[source].float() * (1 - want) + b[source].float() * want
         assert torch.allclose(merged[key], expected, atol=1e-6), index
+
+
+@pytest.mark.parametrize(("lineage", "family"), [
+    (("KOALA_700M", "SDXL", "BASE"), "sdxl"),  # a pruned SDXL: the family of its base class
+    (("FluxSchnell", "Flux", "BASE"), "flux"),
+    (("Flux2", "Flux", "BASE"), "flux2"),
+    (("ZImage", "Lumina2", "BASE"), "z_image"),
+    (("WAN21_I2V", "WAN21_T2V", "BASE"), "wan21"),
+    (("SD15", "BASE"), "sd15"),
+    (("SDXLRefiner", "BASE"), None),
+])
+def test_a_loaded_model_without_readable_shapes_is_placed_by_its_config_class(archs, lineage, family):
+    assert archs.from_comfy_classes(lineage) == family
