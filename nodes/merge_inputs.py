@@ -1,5 +1,6 @@
 """Recipe inputs (checkpoint, diffusion model, LoRA, a MODEL of the graph) and parameter maps (block
-weights for SD1.5, SDXL and Flux; per-key patterns), all as PATCHBAY_RECIPE values."""
+weight widgets for SD1.5, SDXL and Flux; block names, ranges and patterns as text for every family of
+merge/architectures.py), all as PATCHBAY_RECIPE values."""
 
 from __future__ import annotations
 
