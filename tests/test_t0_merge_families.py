@@ -409,3 +409,14 @@ def test_a_wan_merge_takes_a_text_block_map_with_ranges(tmp_path):
 ])
 def test_a_loaded_model_without_readable_shapes_is_placed_by_its_config_class(archs, lineage, family):
     assert archs.from_comfy_classes(lineage) == family
+
+
+def test_mecha_dict_lines_take_ranges_and_are_written_back_as_blocks():
+    from merge import mecha_text
+
+    text = ('version 0.1.0\nmodel "a.safetensors"\nmodel "b.safetensors"\n'
+            'dict double_blocks.0-2=0.5 single_blocks.*=1 default=0\nmerge "weighted_sum" &0 &1 alpha=&2')
+    written = mecha_text.dumps(mecha_text.parse(text), compact=True)
+    blocks = " ".join(f"double_blocks.{i}=0.5" for i in range(3))
+    assert f"dict {blocks} single_blocks.*=1 default=0" in written
+    assert mecha_text.parse(written) == mecha_text.parse(text)
