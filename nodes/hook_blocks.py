@@ -54,7 +54,11 @@ def strength_map(text: str, arch: str, keys: Collection[str] | None = None) -> C
         raise block_weights.BlockWeightError(f"block map {text.strip()!r} is not name=strength items, so "
                                              f"it is read as a LoRA Block Weight preset or list: {error}"
                                              ) from None
-    return _strength_of(dict(weights.blocks), arch, keys, weights.text)
+    mapping = dict(weights.blocks)
+    if keys is not None:  # a fixed-length vector names blocks a smaller model lacks (schnell: guidance_in)
+        present = set(merge_blocks.block_names(arch, keys))
+        mapping = {block: value for block, value in mapping.items() if block in present}
+    return _strength_of(mapping, arch, keys, weights.text)
 
 
 def _strength_of(mapping: dict[str, float], arch: str, keys: Collection[str] | None = None,

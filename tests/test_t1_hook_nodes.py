@@ -685,6 +685,13 @@ def test_block_maps_of_the_new_families_follow_the_model_keys(blocks):
         blocks.strength_map("blocks.9-0=0", "wan21", wan)
     with pytest.raises(ValueError, match="vectors are defined for sd15, sdxl, flux, not wan21"):
         blocks.strength_map("OUTALL", "wan21", wan)
+    # an A1111 Flux vector (19 + 38 blocks, guidance_in) on a smaller Flux without guidance (schnell-like)
+    small = [k for k in tf.shapes("flux", 2, 3, checkpoint=True) if "guidance_in" not in k]
+    values = [0.3, 0.7, 0.2, 1.0, 0.4, *[1.0] * 17, *[0.5] * 38, 0.0]  # CLIP, T5, IN, D00..D18, S.., OUT
+    strength = blocks.strength_map(",".join(map(str, values)), "flux", small)
+    assert strength("diffusion_model.double_blocks.1.img_attn.qkv.weight") == 0.4
+    assert strength("diffusion_model.img_in.weight") == 0.2
+    assert {blocks.strength_map("FLUXALL", "flux", small)(k.removeprefix("model.")) for k in small} == {1.0}
     menu = blocks.PatchbayHookBlockWeights.INPUT_TYPES()["required"]["arch"][0]
     assert menu == ["auto", *blocks.architectures.BY_ID]  # the architecture table's families
 
