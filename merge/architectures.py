@@ -52,7 +52,9 @@ class Family:
     comfy: str  # what ComfyUI calls it: its image_model or model config class
     rules: tuple[tuple[Probe, ...], ...]  # the file is of this family when every probe of one rule holds
     unless: tuple[str, ...] = ()  # key globs that rule it out (a later family of the same keys)
-    groups: tuple[tuple[str, int], ...] = ()  # (indexed block template, count of the reference model)
+    # (indexed block template, count of the reference release): a file's count of a group is the highest
+    # index of its keys matching the template, plus one (``layout_of``); no file, the reference count
+    groups: tuple[tuple[str, int], ...] = ()
     head: tuple[str, ...] = ()  # modules before the groups (block names when no file is at hand)
     tail: tuple[str, ...] = ()
     unet: bool = False  # sd-mecha's fixed IN/M/OUT block names
