@@ -52,7 +52,9 @@ class Family:
     comfy: str  # what ComfyUI calls it: its image_model or model config class
     rules: tuple[tuple[Probe, ...], ...]  # the file is of this family when every probe of one rule holds
     unless: tuple[str, ...] = ()  # key globs that rule it out (a later family of the same keys)
-    groups: tuple[tuple[str, int], ...] = ()  # (indexed block template, count of the reference model)
+    # (indexed block template, count of the reference release): a file's count of a group is the highest
+    # index of its keys matching the template, plus one (``layout_of``); no file, the reference count
+    groups: tuple[tuple[str, int], ...] = ()
     head: tuple[str, ...] = ()  # modules before the groups (block names when no file is at hand)
     tail: tuple[str, ...] = ()
     unet: bool = False  # sd-mecha's fixed IN/M/OUT block names
@@ -421,6 +423,17 @@ def describe(family_id: str, layout: Collection[tuple[str, int]] = ()) -> str:
         return f"{family_id} (no known family)"
     counts = " + ".join(f"{n} {t.replace('.{n}', '').replace('{n}', 'N')}" for t, n in layout if n)
     return f"{family_id} ({family.name}{', ' + counts if counts else ''})"
+
+
+def from_comfy_classes(class_names: Iterable[str]) -> str | None:
+    """The family whose ``comfy`` column names one of ``class_names`` (a ComfyUI model config class and
+    its bases, most specific first: ``KOALA_700M``, ``SDXL``, ...), for a loaded model whose weights
+    do not show their shapes (quantized layouts); None when none does."""
+    for name in class_names:
+        for family in FAMILIES:
+            if any(fnmatch.fnmatchcase(name, word) for word in re.findall(r"[\w*]+", family.comfy)):
+                return family.id
+    return None
 
 
 def _is_glob(pattern: str) -> bool:

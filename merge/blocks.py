@@ -21,7 +21,9 @@ from collections.abc import Collection, Iterable, Mapping
 from . import architectures as archs
 from .names import nearest, suggestion
 
-ARCHS = ("sd15", "sdxl", "flux")  # the families the block-weight nodes offer; every family: archs.BY_ID
+ARCHS = tuple(archs.BY_ID)  # every family of the table, in its order: the nodes' architecture menus
+_RANGE = re.compile(r"(?P<stem>.*?\D)(?P<first>\d+)-(?P=stem)?(?P<last>\d+)")
+MAX_RANGE = 1000  # blocks one range entry may name
 _UNET = re.compile(r"(?:^|\.)(input_blocks|middle_block|output_blocks)\.(\d+)\.")
 _UNET_TAIL = {"sd15": "OUT11", "sd2": "OUT11", "sdxl": "OUT08"}
 _DIFFUSION = archs.DIFFUSION_PREFIX
@@ -120,7 +122,8 @@ def component_of(arch: str, key: str) -> str | None:
 
 def resolve(mapping: Mapping[str, object], arch: str, key: str, *, where: str = "literal") -> object:
     """The value a per-block / per-key map gives ``key``: exact key, then block name, then the
-    first matching fnmatch glob (in the map's order), then ``default``.
+    first fnmatch glob (in the map's order) matching the key or its block name (``OUT*``,
+    ``single_blocks.*``), then ``default``.
 
     Raises ``KeyError`` naming the key, its block and the map's entries when nothing matches.
     """
@@ -130,7 +133,9 @@ def resolve(mapping: Mapping[str, object], arch: str, key: str, *, where: str = 
     if block is not None and block in mapping:
         return mapping[block]
     for pattern, value in mapping.items():
-        if pattern != "default" and _is_glob(pattern) and fnmatch.fnmatchcase(key, pattern):
+        if pattern == "default" or not _is_glob(pattern):
+            continue
+        if fnmatch.fnmatchcase(key, pattern) or (block is not None and fnmatch.fnmatchcase(block, pattern)):
             return value
     if "default" in mapping:
         return mapping["default"]
@@ -138,10 +143,36 @@ def resolve(mapping: Mapping[str, object], arch: str, key: str, *, where: str = 
                    f"{', '.join(mapping) or 'no entries'}; add it or a 'default' entry")
 
 
+def expand_ranges(mapping: Mapping[str, object]) -> dict[str, object]:
+    """``mapping`` with each range entry written out, in place of it: ``double_blocks.0-7`` ->
+    ``double_blocks.0`` .. ``double_blocks.7``, ``IN00-05`` (or ``IN00-IN05``) -> ``IN00`` .. ``IN05``
+    (numbers as wide as the first one's). A later entry for the same block wins, as in any map. Globs
+    and other names pass unchanged; whether the blocks exist is ``check_map``'s question.
+
+    Raises ``ValueError`` naming a range that runs backwards or names more than ``MAX_RANGE`` blocks.
+    """
+    out: dict[str, object] = {}
+    for entry, value in mapping.items():
+        match = _RANGE.fullmatch(entry) if isinstance(entry, str) and not _is_glob(entry) else None
+        if match is None:
+            out[entry] = value
+            continue
+        first, last = int(match["first"]), int(match["last"])
+        if not 0 <= last - first < MAX_RANGE:
+            raise ValueError(f"block range {entry!r} runs from {first} to {last}: write the lower number "
+                             f"first, at most {MAX_RANGE} blocks (e.g. {match['stem']}{match['first']}-"
+                             f"{first + 7})")
+        width = len(match["first"]) if match["first"].startswith("0") else 1
+        for index in range(first, last + 1):
+            out[f"{match['stem']}{index:0{width}}"] = value
+    return out
+
+
 def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | None = None) -> None:
     """Refuse map entries that can match nothing: not ``default``, not a glob, not a block name of
-    ``arch`` and not one of ``keys`` (when given, block names are counted from them; without it any
-    dotted name passes as a key).
+    ``arch`` and not one of ``keys`` (when given, block names are counted from them; without it an
+    indexed block of one of the family's groups passes whatever its number, and any other dotted name
+    that does not look like an indexed block passes as a key).
 
     Raises ``ValueError`` naming the entry, with the nearest block names.
     """
@@ -149,7 +180,7 @@ def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | 
     for entry in mapping:
         if entry == "default" or _is_glob(entry) or entry in names:
             continue
-        if (entry in keys) if keys is not None else "." in entry:
+        if (entry in keys) if keys is not None else _may_be_key_or_block(entry, arch):
             continue
         if not names:
             raise ValueError(f"map entry {entry!r} is no key and no glob, and block names need a known "
@@ -162,6 +193,18 @@ def check_map(mapping: Mapping[str, object], arch: str, keys: Collection[str] | 
         else:
             shown = f"{'counted from the file: ' if keys is not None else ''}{_span(names)}"
         raise ValueError(f"map entry {entry!r} is no block of {arch} ({shown}), no key and no glob{hint}")
+
+
+def _may_be_key_or_block(entry: str, arch: str) -> bool:
+    """Without a file: ``entry`` is an indexed block of one of ``arch``'s groups (counted once the file
+    is known), or a dotted name that is no indexed block (a key)."""
+    if "." not in entry:
+        return False
+    family = archs.BY_ID.get(arch)
+    indexed = re.fullmatch(r"(.*\D)\d+", entry)
+    if family is None or family.unet or indexed is None:
+        return True
+    return any(template.replace("{n}", "") == indexed[1] for template, _ in family.groups)
 
 
 def _span(names: tuple[str, ...]) -> str:

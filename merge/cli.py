@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="(%(default)s)")
     extract.add_argument("--device", default=ExtractOptions.device, help="where the SVDs run (%(default)s)")
     extract.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    extract.add_argument("--architecture-policy", choices=ARCHITECTURE_POLICIES, default="refuse",
+                         help="as for merge (%(default)s)")
     extract.set_defaults(run=run_extract)
 
     show = sub.add_parser("show", help="print a recipe as .mecha text (sd-mecha reads it too), its inputs "
@@ -210,8 +212,11 @@ def run_extract(args: argparse.Namespace) -> int:
 
     rank = args.rank if args.rank is not None or args.energy is not None else ExtractOptions.rank
     options = ExtractOptions(rank=rank, energy=args.energy, conv_rank=args.conv_rank, dtype=args.dtype,
-                             device=args.device, overwrite=args.overwrite, search_dirs=_search_dirs(args))
+                             device=args.device, overwrite=args.overwrite, search_dirs=_search_dirs(args),
+                             architecture_policy=args.architecture_policy)
     report = extract_lora(load_recipe(args), args.output, options)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {report.path} ({report.modules} modules, mean relative error {report.mean_error:.4f}) "
           f"in {report.seconds:.1f} s")
     return 0

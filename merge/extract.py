@@ -27,7 +27,7 @@ import torch
 
 from . import io as mio
 from .context import KeyContext
-from .io import OUT_DTYPES
+from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from .lora_keys import TEXT_ENCODERS
 from .steps import check_maps, compile_recipe, recipe_text
 from .stream import Evaluator
@@ -39,7 +39,8 @@ _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|o
 class ExtractOptions:
     """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1).
 
-    ``resolve``, ``check`` and ``on_progress`` (keys done, keys in all) as in ``MergeOptions``.
+    ``architecture_policy``, ``resolve``, ``check`` and ``on_progress`` (keys done, keys in all) as in
+    ``MergeOptions``: inputs of different families or block counts are refused unless it is ``"allow"``.
     """
 
     rank: int | None = 32
@@ -50,6 +51,7 @@ class ExtractOptions:
     overwrite: bool = False
     search_dirs: tuple[Path, ...] = ()
     threads: int = 1  # torch threads for the SVDs (0 keeps torch's setting), as MergeOptions.threads
+    architecture_policy: str = "refuse"
     resolve: Callable[[str], Any] | None = field(default=None, compare=False)  # as in MergeOptions
     check: Callable[[], None] | None = field(default=None, compare=False)
     on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
@@ -61,11 +63,15 @@ class ExtractOptions:
             raise ValueError(f"rank={self.rank}: give a rank >= 1 or an energy fraction")
         if self.dtype not in OUT_DTYPES:
             raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(OUT_DTYPES)}")
+        if self.architecture_policy not in ARCHITECTURE_POLICIES:
+            raise ValueError(f"ExtractOptions.architecture_policy={self.architecture_policy!r}; choose one "
+                             f"of {', '.join(ARCHITECTURE_POLICIES)}")
 
 
 @dataclass
 class ExtractReport:
-    """The LoRA written: modules, their ranks, mean relative Frobenius error, what was left out."""
+    """The LoRA written: modules, their ranks, mean relative Frobenius error, what was left out, and
+    what the architecture check let through (``warnings``, architecture_policy ``"allow"``)."""
 
     path: Path
     modules: int = 0
@@ -74,6 +80,7 @@ class ExtractReport:
     dropped: list[str] = field(default_factory=list)
     seconds: float = 0.0
     arch: str = "unknown"
+    warnings: list[str] = field(default_factory=list)
 
 
 def kohya_name(key: str) -> str | None:
@@ -97,8 +104,8 @@ def extract_lora(recipe: object, out_path: str | Path,
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
     graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
-    sources = graph.open_sources()
-    report = ExtractReport(out_path)
+    sources = graph.open_sources(options.architecture_policy)
+    report = ExtractReport(out_path, warnings=list(graph.notes))
     previous_threads = torch.get_num_threads()
     if options.threads > 0:
         torch.set_num_threads(options.threads)

@@ -48,15 +48,21 @@ class ModelNode:
 class LiteralNode:
     """A scalar, or an ordered map (block name, key or fnmatch glob, "default") -> scalar.
 
-    A map is stored as a tuple of pairs so the node stays hashable; ``mapping`` gives a dict.
+    A map is stored as a tuple of pairs so the node stays hashable; ``mapping`` gives a dict. Ranges of
+    blocks (``double_blocks.0-7``, ``IN00-05``) are written out into their blocks (blocks.expand_ranges).
     """
 
     value: Any
 
     def __post_init__(self) -> None:
+        from .blocks import expand_ranges
+
         value = self.value
-        if isinstance(value, Mapping):
-            value = tuple(value.items())
+        if isinstance(value, Mapping | tuple):
+            try:
+                value = tuple(expand_ranges(dict(value)).items())
+            except (TypeError, ValueError) as error:
+                raise RecipeError((), f"map {shown(self.value)}: {error}") from None
             object.__setattr__(self, "value", value)
         if isinstance(value, tuple):
             for key, item in value:

@@ -279,8 +279,8 @@ def check_same_architecture(models: list[tuple[str | os.PathLike, str, Iterable[
                 path, problem,
                 "Models of different architectures cannot be merged: use models of one base (one family "
                 "with the same blocks: merge/architectures.py). To merge them key by key anyway, set "
-                "architecture_policy 'allow' (MergeOptions(architecture_policy='allow'), "
-                "--architecture-policy allow)")
+                "architecture_policy 'allow' (the merge node's architecture_policy input, "
+                "MergeOptions(architecture_policy='allow'), --architecture-policy allow)")
         notes.append(f"{Path(path).name} {problem}; merged key by key (architecture_policy 'allow')")
     if first == "unknown":
         notes.append(f"{Path(first_path).name} is of no known family (merge/architectures.py): merged key by "

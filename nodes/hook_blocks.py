@@ -3,11 +3,11 @@ LoRA Block Weight preset / number list, hooks/lbw.py) on LoRA hooks."""
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from ..hooks import block_weights, lbw
+from ..merge import architectures
 from ..merge import blocks as merge_blocks
 
 if TYPE_CHECKING:
@@ -19,53 +19,55 @@ AUTO = "auto"
 _MODEL_PREFIX = "model."  # merge.blocks reads checkpoint keys (model.diffusion_model....)
 
 
-def arch_of(model: ModelPatcher) -> str:
-    """sd15, sdxl or flux from the model's config class or the core class it derives from (KOALA_700M,
-    SSD1B and Segmind_Vega are SDXLs, FluxSchnell a Flux); an error naming it otherwise."""
-    lineage = [cls.__name__.lower() for cls in type(model.model.model_config).__mro__]
-    for arch in ("sdxl", "flux", "sd15"):
-        if any(arch in name for name in lineage):
-            return arch
-    raise block_weights.BlockWeightError(f"block weights know {', '.join(merge_blocks.ARCHS)}; this model is "
-                                         f"{type(model.model.model_config).__name__}: pick arch by hand or "
-                                         f"use key globs (diffusion_model.*).")
+def model_blocks(model: ModelPatcher) -> tuple[str, list[str]]:
+    """(family id, checkpoint keys) of the model's diffusion model: the family as the table in
+    merge/architectures.py detects a file with the same keys and shapes (so block counts come from the
+    model: Flux.2 [dev] 8 + 48, Wan 1.3B 30 blocks), else by its config class (the table's ComfyUI
+    column); an error naming the model class otherwise."""
+    shapes = {architectures.DIFFUSION_PREFIX + key: tuple(value.shape)
+              for key, value in model.model.diffusion_model.state_dict().items()}
+    family = architectures.detect(shapes).family
+    if family == architectures.UNKNOWN:  # weights whose shapes are a storage layout (GGUF): by config
+        lineage = (cls.__name__ for cls in type(model.model.model_config).__mro__)
+        family = architectures.from_comfy_classes(lineage) or family
+    if family == architectures.UNKNOWN:
+        raise block_weights.BlockWeightError(
+            f"block weights know the families of merge/architectures.py ({', '.join(merge_blocks.ARCHS)}); "
+            f"this model ({type(model.model.model_config).__name__}) is none of them: pick arch by hand or "
+            f"use key globs (diffusion_model.*).")
+    return family, list(shapes)
 
 
-def _expand_block_globs(mapping: dict[str, float], arch: str) -> dict[str, float]:
-    """Globs that match block names (``OUT*``, ``IN0?``) become those blocks; a block named outright
-    wins over a glob, an earlier glob over a later one. Globs matching no block stay key globs."""
-    names = merge_blocks.block_names(arch)
-    out = {k: v for k, v in mapping.items() if not any(ch in k for ch in "*?[")}
-    for entry, value in mapping.items():
-        matched = fnmatch.filter(names, entry) if entry not in out else []
-        for name in matched:
-            out.setdefault(name, value)
-        if not matched and entry not in out:
-            out[entry] = value
-    return out
-
-
-def strength_map(text: str, arch: str) -> Callable[[str], float]:
-    """key -> strength for ``text``: block=strength items (checked against ``arch``'s block names, with
-    did-you-mean) or an A1111 LoRA Block Weight preset or number list (hooks/lbw.py)."""
+def strength_map(text: str, arch: str, keys: Collection[str] | None = None) -> Callable[[str], float]:
+    """key -> strength for ``text``: block=strength items, ranges (``double_blocks.0-7=0.5``) and globs
+    (``OUT*``) checked against ``arch``'s blocks (counted from ``keys``, the model's checkpoint keys,
+    when given), with did-you-mean; or an A1111 LoRA Block Weight preset or number list (hooks/lbw.py)."""
     if not lbw.is_lbw(text):
-        return _strength_of(_expand_block_globs(block_weights.parse_block_map(text), arch), arch)
+        try:
+            mapping = merge_blocks.expand_ranges(block_weights.parse_block_map(text))
+        except ValueError as error:
+            raise block_weights.BlockWeightError(f"block map: {error}.") from None
+        return _strength_of(mapping, arch, keys)
     try:
         weights = lbw.block_map(text, arch)
     except lbw.LbwError as error:
         raise block_weights.BlockWeightError(f"block map {text.strip()!r} is not name=strength items, so "
                                              f"it is read as a LoRA Block Weight preset or list: {error}"
                                              ) from None
-    return _strength_of(dict(weights.blocks), arch, weights.text)
+    mapping = dict(weights.blocks)
+    if keys is not None:  # a fixed-length vector names blocks a smaller model lacks (schnell: guidance_in)
+        present = set(merge_blocks.block_names(arch, keys))
+        mapping = {block: value for block, value in mapping.items() if block in present}
+    return _strength_of(mapping, arch, keys, weights.text)
 
 
-def _strength_of(mapping: dict[str, float], arch: str, text: tuple[tuple[str, float], ...] = ()
-                 ) -> Callable[[str], float]:
+def _strength_of(mapping: dict[str, float], arch: str, keys: Collection[str] | None = None,
+                 text: tuple[tuple[str, float], ...] = ()) -> Callable[[str], float]:
     """The strength function of a checked block map; ``text``: (text-encoder key prefix, strength)
     pairs that win over BASE (Flux's T5 in an lbw vector)."""
     mapping.setdefault("default", 1.0)
     try:
-        merge_blocks.check_map(mapping, arch)
+        merge_blocks.check_map(mapping, arch, None if keys is None else set(keys))
     except ValueError as error:
         raise block_weights.BlockWeightError(f"block map: {error}.") from None
 
@@ -77,12 +79,22 @@ def _strength_of(mapping: dict[str, float], arch: str, text: tuple[tuple[str, fl
     return strength_of
 
 
+def model_strength_map(text: str, model: ModelPatcher, arch: str = AUTO) -> Callable[[str], float]:
+    """``strength_map`` for ``model``: its family (or ``arch``), blocks counted from its keys."""
+    if arch == AUTO:
+        arch, keys = model_blocks(model)
+    else:
+        keys = [architectures.DIFFUSION_PREFIX + key for key in model.model.diffusion_model.state_dict()]
+    return strength_map(text, arch, keys)
+
+
 class PatchbayHookBlockWeights:
     NODE_ID = "PatchbayHookBlockWeights"
     DISPLAY_NAME = "LoRA Hook Block Weights (Patchbay)"
-    DESCRIPTION = ("Per-block strengths on LoRA hooks (SD1.5, SDXL, Flux block names, or an A1111 LoRA Block "
-                   "Weight preset such as OUTALL or number list), e.g. to keep a regional or scheduled LoRA "
-                   "out of the blocks that carry style.")
+    DESCRIPTION = ("Per-block strengths on LoRA hooks (the block names of every family of the architecture "
+                   "table, ranges such as double_blocks.0-7=0.5, or an A1111 LoRA Block Weight preset such "
+                   "as OUTALL or number list), e.g. to keep a regional or scheduled LoRA out of the blocks "
+                   "that carry style.")
     CATEGORY = "Patchbay/hooks/create"
     FUNCTION = "apply"
     RETURN_TYPES = ("HOOKS",)
@@ -97,13 +109,16 @@ class PatchbayHookBlockWeights:
                 "model": ("MODEL", {"tooltip": "The model the hooks are for (maps LoRA keys to blocks)."}),
                 "blocks": ("STRING", {"default": "IN00=1, M00=1, OUT00=1, default=1", "multiline": True,
                                       "tooltip": "block=strength items: SD1.5/SDXL BASE, IN00.., M00, "
-                                                 "OUT00..; Flux double_blocks.N, single_blocks.N ...; globs "
-                                                 "(OUT*) and default (1 when left out). BASE = the text "
-                                                 "encoder. Or, as A1111's LoRA Block Weight: a preset "
+                                                 "OUT00..; Flux double_blocks.N, single_blocks.N, Wan "
+                                                 "blocks.N ... (counted from the model); ranges "
+                                                 "(double_blocks.0-7=0.5, IN00-05=0), globs (OUT*, "
+                                                 "single_blocks.*) and default (1 when left out). BASE = the "
+                                                 "text encoder. Or, as A1111's LoRA Block Weight: a preset "
                                                  "(INALL, MIDD, OUTD, OUTALL, ALL, FLUXALL, ...) or a "
                                                  "number list (SD1.5 17 or 26, SDXL 12 or 20, Flux 61)."}),
                 "arch": ([AUTO, *merge_blocks.ARCHS],
-                         {"tooltip": "Whose block names; auto: from the model."}),
+                         {"tooltip": "Whose block names (the families of the architecture table); auto: "
+                                     "detected from the model's keys."}),
             },
             "optional": {"clip": ("CLIP", {"tooltip": "Connect when the hooks also go on the CLIP "
                                                       "(Set CLIP Hooks), so BASE applies to it."})},
@@ -111,7 +126,7 @@ class PatchbayHookBlockWeights:
 
     def apply(self, hooks: HookGroup, model: ModelPatcher, blocks: str, arch: str = AUTO,
               clip: CLIP | None = None) -> tuple:
-        strength_of = strength_map(blocks, arch_of(model) if arch == AUTO else arch)
+        strength_of = model_strength_map(blocks, model, arch)
         return (block_weights.block_weighted(hooks, model, clip, strength_of),)
 
 

@@ -144,7 +144,7 @@ class PatchbayPromptLora(lora_files.ReadsLoras):
             raise block_weights.BlockWeightError(f"{where}: lbw={tag.blocks} needs the model input connected "
                                                  f"(it maps the LoRA's weights to the model's blocks).")
         try:
-            strength_of = hook_blocks.strength_map(tag.blocks, hook_blocks.arch_of(model))
+            strength_of = hook_blocks.model_strength_map(tag.blocks, model)
         except block_weights.BlockWeightError as error:
             raise block_weights.BlockWeightError(f"{where}: {error}") from None
         return block_weights.block_weighted(hook, model, clip, strength_of)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import merge_runtime
-from .merge_outputs import _CACHE_MB, _COMMON, RECIPE
+from .merge_outputs import _CACHE_MB, _COMMON, _POLICY, RECIPE
 
 if TYPE_CHECKING:
     from comfy.hooks import HookGroup, HookKeyframeGroup
@@ -44,14 +44,16 @@ class PatchbayRecipeHook:
                 "prev_hooks": ("HOOKS", {"tooltip": "Optional hooks to add this one to (not changed)."}),
                 "hook_kf": ("HOOK_KEYFRAMES", {"tooltip": "Optional schedule for this hook (Patchbay or core "
                                                           "keyframe nodes)."}),
+                **_POLICY,
             },
         }
 
     def create(self, recipe: Any, strength_model: float = 1.0, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
                base: Any = None, prev_hooks: HookGroup | None = None,
-               hook_kf: HookKeyframeGroup | None = None) -> tuple:
+               hook_kf: HookKeyframeGroup | None = None, architecture_policy: str = "refuse") -> tuple:
         return (merge_runtime.recipe_hook(recipe, base, strength_model, keyframes=hook_kf, prev=prev_hooks,
-                                          seed=merge_seed, cache_mb=cache_mb),)
+                                          seed=merge_seed, cache_mb=cache_mb,
+                                          architecture_policy=architecture_policy),)
 
 
 NODES = [PatchbayRecipeHook]

@@ -1,5 +1,6 @@
 """Recipe inputs (checkpoint, diffusion model, LoRA, a MODEL of the graph) and parameter maps (block
-weights for SD1.5, SDXL and Flux; per-key patterns), all as PATCHBAY_RECIPE values."""
+weight widgets for SD1.5, SDXL and Flux; block names, ranges and patterns as text for every family of
+merge/architectures.py), all as PATCHBAY_RECIPE values."""
 
 from __future__ import annotations
 
@@ -140,9 +141,10 @@ class PatchbayMergeBlockWeightsFlux(_BlockWeights):
 class PatchbayMergeKeyPatterns:
     NODE_ID = "PatchbayMergeKeyPatterns"
     DISPLAY_NAME = "Merge Key Patterns (Patchbay)"
-    DESCRIPTION = ("A parameter per block name or key pattern: {\"IN00\": 0.2, \"*.attn2.*\": 0.8, "
-                   "\"default\": 0.5} or IN00=0.2, *.attn2.*=0.8, default=0.5; exact key, then block, then "
-                   "the first matching glob, then default.")
+    DESCRIPTION = ("A parameter per block name or key pattern, for every family of the architecture table: "
+                   "{\"IN00\": 0.2, \"*.attn2.*\": 0.8, \"default\": 0.5} or lines such as "
+                   "double_blocks.0-7=0.5, single_blocks.*=1, default=0; exact key, then block, then the "
+                   "first glob matching the key or its block, then default.")
     FUNCTION = "make"
     CATEGORY = "Patchbay/merge/params"
     RETURN_TYPES = (RECIPE,)
@@ -154,10 +156,13 @@ class PatchbayMergeKeyPatterns:
         return {"required": {
             "patterns": ("STRING", {"multiline": True, "default": "IN00=0.2, *.attn2.*=0.8, default=0.5",
                                     "tooltip": "JSON object or name=value items (commas or new lines, # "
-                                               "comments): block names, key globs, default."}),
+                                               "comments): block names, ranges (double_blocks.0-7, "
+                                               "IN00-05), globs over keys or block names (*.attn2.*, "
+                                               "single_blocks.*), default. Block counts are the files'."}),
             "check_blocks": ([LATER, *blocks.ARCHS],
-                             {"tooltip": "Check block names against this architecture now (did-you-mean "
-                                         "on a typo), or when the merge knows its models."}),
+                             {"tooltip": "Check block names against this family of the architecture "
+                                         "table now (did-you-mean on a typo), or when the merge knows its "
+                                         "models (and counts their blocks)."}),
         }}
 
     @classmethod
@@ -193,11 +198,12 @@ def pattern_map(text: str, arch: str) -> R.LiteralNode:
             mapping = parse_block_map(text)
         except BlockWeightError as error:
             raise ValueError(f"key patterns: {error}") from None
-    if arch in blocks.ARCHS:
-        try:
+    try:
+        mapping = blocks.expand_ranges(mapping)
+        if arch in blocks.ARCHS:
             blocks.check_map(mapping, arch)
-        except ValueError as error:
-            raise ValueError(f"key patterns: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"key patterns: {error}") from None
     return R.literal(mapping)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..merge.io import OUT_DTYPES
+from ..merge.io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from ..merge.plan import MISSING_POLICIES, SHAPE_POLICIES
 from . import merge_files, merge_runtime
 
@@ -29,13 +29,19 @@ _COMMON = {
     "missing_policy": (list(MISSING_POLICIES), {"tooltip": "Keys some inputs lack: take the first that "
                                                            "has them, leave them out, or stop."}),
 }
+# optional, after every other input: saved workflows' widget values keep their positions
+_POLICY = {"architecture_policy": (list(ARCHITECTURE_POLICIES), {
+    "default": "refuse", "tooltip": "Inputs of different model families or block counts (Flux.1 and Flux.2, "
+                                    "Wan 1.3B and 14B): refuse (stop before anything is written), or allow "
+                                    "to merge them key by key (rarely a model ComfyUI can load)."})}
 _IF_EXISTS = (list(merge_files.IF_EXISTS), {"tooltip": "When the file exists: number (a new name with "
                                                        "_00001, ...), error, or overwrite."})
 
 
-def _fields(merge_seed: int, cache_mb: int, shape_policy: str, missing_policy: str) -> dict[str, Any]:
+def _fields(merge_seed: int, cache_mb: int, shape_policy: str, missing_policy: str,
+            architecture_policy: str) -> dict[str, Any]:
     return {"seed": merge_seed, "cache_mb": cache_mb, "shape_policy": shape_policy,
-            "missing_policy": missing_policy}
+            "missing_policy": missing_policy, "architecture_policy": architecture_policy}
 
 
 class PatchbayMerge:
@@ -54,13 +60,13 @@ class PatchbayMerge:
     @classmethod
     def INPUT_TYPES(cls) -> dict:
         tip = "The recipe to run (a method node, recipe text)."
-        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON},
+        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON}, "optional": _POLICY,
                 "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
               shape_policy: str = "overlap", missing_policy: str = "first",
-              unique_id: str | None = None) -> dict:
-        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy)
+              architecture_policy: str = "refuse", unique_id: str | None = None) -> dict:
+        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
         model, clip, vae, lines = merge_runtime.merge_models(recipe, **fields)
         if len(lines) > 1:  # warnings: shown under the node too (they are in the log already)
             merge_runtime.show_in_node(unique_id, "\n".join(lines))
@@ -89,13 +95,13 @@ class PatchbayMergeSave:
             "if_exists": _IF_EXISTS,
             "dtype": (list(OUT_DTYPES), {"tooltip": "Float type of the saved weights."}),
             **_COMMON,
-        }}
+        }, "optional": _POLICY}
 
     def save(self, recipe: Any, filename: str, if_exists: str = "number", dtype: str = "fp16",
              merge_seed: int = 0, cache_mb: int = _CACHE_MB, shape_policy: str = "overlap",
-             missing_policy: str = "first") -> dict:
-        path, report = merge_runtime.save_merge(recipe, filename, if_exists, dtype=dtype,
-                                                **_fields(merge_seed, cache_mb, shape_policy, missing_policy))
+             missing_policy: str = "first", architecture_policy: str = "refuse") -> dict:
+        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
+        path, report = merge_runtime.save_merge(recipe, filename, if_exists, dtype=dtype, **fields)
         text = f"{path.name}: {report.keys} keys, {report.bytes_written / 2**20:.1f} MiB, {report.arch}"
         return {"ui": {"text": [text, *report.warnings]}, "result": (str(path),)}
 
@@ -138,20 +144,21 @@ class PatchbayMergeExtractLora:
                 "clip": ("CLIP", {"tooltip": "Optional: returned with the LoRA applied (as LoraLoader)."}),
                 "strength_model": ("FLOAT", {**strength, "tooltip": "LoRA strength on the model."}),
                 "strength_clip": ("FLOAT", {**strength, "tooltip": "LoRA strength on the CLIP."}),
+                **_POLICY,
             },
         }
 
     def extract(self, recipe: Any, filename: str, if_exists: str = "number", size_by: str = "rank",
                 rank: int = 32, energy: float = 0.9, conv_rank: int = 0, dtype: str = "fp16",
                 model: ModelPatcher | None = None, clip: CLIP | None = None, strength_model: float = 1.0,
-                strength_clip: float = 1.0) -> dict:
+                strength_clip: float = 1.0, architecture_policy: str = "refuse") -> dict:
         size = {"rank": rank, "energy": None} if size_by == "rank" else {"rank": None, "energy": energy}
         name, report = merge_runtime.extract(recipe, filename, if_exists, conv_rank=conv_rank or None,
-                                             dtype=dtype, **size)
+                                             dtype=dtype, architecture_policy=architecture_policy, **size)
         if model is not None or clip is not None:
             model, clip = merge_runtime.apply_lora(model, clip, name, strength_model, strength_clip)
         text = f"{name}: {report.modules} modules, mean relative error {report.mean_error:.4f}"
-        return {"ui": {"text": [text]}, "result": (model, clip, name)}
+        return {"ui": {"text": [text, *report.warnings]}, "result": (model, clip, name)}
 
 
 class PatchbayMergeCacheClear:

@@ -234,14 +234,16 @@ def apply_lora(model: Any, clip: Any, name: str, strength_model: float, strength
 
 
 def recipe_hook(recipe: object, base: object | None, strength_model: float, *, keyframes: Any = None,
-                prev: Any = None, seed: int = 0, cache_mb: float = 0) -> Any:
+                prev: Any = None, seed: int = 0, cache_mb: float = 0, architecture_policy: str = "refuse"
+                ) -> Any:
     """The Recipe Hook node: HOOKS adding ``strength_model * (recipe - base)`` to the diffusion model's
     weights, each key's delta merged on first use (merge/delta.py, hooks/recipe_hook.py). The recipe's
     inputs are opened and checked here (one architecture); nothing is merged yet."""
     from ..hooks.recipe_hook import recipe_hook as make_hook
     from ..merge.delta import RecipeDeltas, delta_recipe
 
-    options = merge_options(dtype="fp32", seed=seed, cache_mb=cache_mb)
+    options = merge_options(dtype="fp32", seed=seed, cache_mb=cache_mb,
+                            architecture_policy=architecture_policy)
     deltas = RecipeDeltas(delta_recipe(recipe, base), options)
     shapes = {merge_graph.comfy_key(key): shape for key, shape in deltas.shapes.items()
               if key.startswith(UNET)}

@@ -285,3 +285,138 @@ def test_the_cli_takes_the_policy(tmp_path, capsys):
     assert "is a ltxv model but wan21.safetensors is wan21" in capsys.readouterr().err
     assert cli.main(["validate", str(recipe), "--architecture-policy", "allow"]) == 0
     assert "warning: " in capsys.readouterr().out
+
+
+def test_extract_lora_obeys_the_architecture_policy(tmp_path, capsys):
+    from merge import cli, extract, io
+    from merge import recipe as R
+
+    first, second = _pair(tmp_path, ("wan21", 2), ("ltxv", 2))
+    delta = R.subtract(R.model(str(first)), R.model(str(second)))
+    out = tmp_path / "lora.safetensors"
+    with pytest.raises(io.ModelFileError, match="is a ltxv model but wan21.safetensors is wan21"):
+        extract.extract_lora(delta, out)
+    assert not out.exists()
+    report = extract.extract_lora(delta, out, extract.ExtractOptions(rank=2, architecture_policy="allow"))
+    assert out.exists() and report.modules > 0
+    assert any("merged key by key" in w for w in report.warnings), report.warnings
+    with pytest.raises(ValueError, match="architecture_policy='maybe'; choose one of refuse, allow"):
+        extract.ExtractOptions(architecture_policy="maybe")
+    recipe = tmp_path / "d.mecha"
+    recipe.write_text(f'version 0.1.0\nmodel "{first}"\nmodel "{second}"\nmerge "subtract" &0 &1')
+    again = tmp_path / "cli.safetensors"
+    assert cli.main(["extract", str(recipe), str(again), "--rank", "2"]) == cli.EXIT_USER_ERROR
+    assert "--architecture-policy allow" in capsys.readouterr().err and not again.exists()
+    command = ["extract", str(recipe), str(again), "--rank", "2", "--architecture-policy", "allow"]
+    assert cli.main(command) == 0
+    assert "merged key by key" in capsys.readouterr().err and again.exists()
+
+
+# ---- block maps as text: ranges and globs over block names ----------------------------------------------
+
+
+def _text_map(archs, family, counts):
+    """A block map in the nodes' text form for ``family``: the first half of each indexed group as a
+    range (0.25), its other blocks by a glob over block names (0.75), default 0.5."""
+    table = archs.BY_ID[family]
+    if table.unet:
+        return {"IN00-05": 0.25, "OUT*": 0.75, "default": 0.5}, lambda name: (
+            0.25 if name in {f"IN{i:02}" for i in range(6)} else 0.75 if name.startswith("OUT") else 0.5)
+    entries, expect = {}, {}
+    for template, count in counts:
+        stem = template.replace("{n}", "")
+        if count >= 2:
+            entries[f"{stem}0-{count // 2 - 1}"] = 0.25
+            expect.update({f"{stem}{i}": 0.25 for i in range(count // 2)})
+        entries[f"{stem}*"] = 0.75
+        expect.update({f"{stem}{i}": 0.75 for i in range(count) if f"{stem}{i}" not in expect})
+    return {**entries, "default": 0.5}, lambda name: expect.get(name, 0.5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ranges_and_block_globs_cover_every_family(archs, blocks, family):
+    shapes = tf.shapes(family, checkpoint=True)
+    found = archs.detect(shapes)
+    text, expect = _text_map(archs, family, found.layout)
+    mapping = blocks.expand_ranges(text)
+    assert not any("-" in entry for entry in mapping), mapping
+    blocks.check_map(mapping, family, set(shapes))
+    for key in shapes:
+        block = blocks.block_of(family, key)
+        assert blocks.resolve(mapping, family, key) == expect(block), (key, block)
+
+
+def test_flux2_ranges_follow_the_file_and_name_the_nearest_blocks(blocks):
+    text = {"double_blocks.0-7": 0.5, "single_blocks.*": 1.0, "img_in": 0.0, "default": 0.25}
+    mapping = blocks.expand_ranges(text)
+    assert [k for k in mapping if k.startswith("double_blocks")] == [f"double_blocks.{i}" for i in range(8)]
+    dev = set(tf.shapes("flux2", 8, 48, checkpoint=True))
+    blocks.check_map(mapping, "flux2", dev)
+    for key, value in (("double_blocks.7.img_attn.qkv.weight", 0.5), ("single_blocks.47.linear1.weight", 1.0),
+                       ("final_layer.linear.weight", 0.25)):
+        assert blocks.resolve(mapping, "flux2", f"model.diffusion_model.{key}") == value, key
+    klein = set(tf.shapes("flux2", 5, 20, checkpoint=True))  # Klein 4B: 5 double blocks
+    with pytest.raises(ValueError, match=r"'double_blocks\.5' is no block of flux2 \(counted from the file: "
+                                         r".*double_blocks\.0-4, single_blocks\.0-19.*did you mean"):
+        blocks.check_map(mapping, "flux2", klein)
+    # without a file an indexed block of the family passes whatever its number; a misspelt group does not
+    blocks.check_map(blocks.expand_ranges({"double_blocks.30": 1, "single_blocks.0-63": 1}), "flux2")
+    with pytest.raises(ValueError, match=r"'singel_blocks\.3' is no block of flux2.*'single_blocks\.3'"):
+        blocks.check_map({"singel_blocks.3": 1}, "flux2")
+
+
+def test_unet_ranges_keep_the_zero_padding_and_bad_ranges_are_named(blocks):
+    assert list(blocks.expand_ranges({"IN00-02": 1, "OUT09-OUT11": 0})) == [
+        "IN00", "IN01", "IN02", "OUT09", "OUT10", "OUT11"]
+    assert blocks.expand_ranges({"IN03": 1, "IN00-05": 0.5, "IN04": 2}) == {
+        "IN03": 0.5, "IN00": 0.5, "IN01": 0.5, "IN02": 0.5, "IN04": 2, "IN05": 0.5}  # later entries win
+    assert blocks.expand_ranges({"*.attn2.*": 1, "blocks.block0-1": 2}) == {
+        "*.attn2.*": 1, "blocks.block0": 2, "blocks.block1": 2}
+    with pytest.raises(ValueError, match=r"range 'double_blocks\.7-0' runs from 7 to 0: write the lower"):
+        blocks.expand_ranges({"double_blocks.7-0": 1})
+    with pytest.raises(ValueError, match=r"at most 1000 blocks"):
+        blocks.expand_ranges({"blocks.0-5000": 1})
+
+
+def test_a_wan_merge_takes_a_text_block_map_with_ranges(tmp_path):
+    from safetensors.torch import load_file
+
+    from merge import execute
+    from merge import recipe as R
+
+    first, second = (tf.write(tmp_path / f"{n}.safetensors", "wan21", 30, seed=n) for n in (1, 2))
+    alpha = R.literal({"blocks.0-9": 1.0, "blocks.2*": 0.0, "default": 0.5})  # ranges: any map takes them
+    assert dict(alpha.value) == {**{f"blocks.{i}": 1.0 for i in range(10)}, "blocks.2*": 0.0, "default": 0.5}
+    out = tmp_path / "out.safetensors"
+    execute.merge(R.weighted_sum(R.model(str(first)), R.model(str(second)), alpha=alpha), out,
+                  execute.MergeOptions(progress=False, dtype="fp32"))
+    merged, a, b = (load_file(str(p)) for p in (out, first, second))
+    for index, want in ((3, 1.0), (25, 0.0), (14, 0.5)):
+        key = f"model.diffusion_model.blocks.{index}.ffn.0.weight"
+        source = f"blocks.{index}.ffn.0.weight"
+        expected = a[source].float() * (1 - want) + b[source].float() * want
+        assert torch.allclose(merged[key], expected, atol=1e-6), index
+
+
+@pytest.mark.parametrize(("lineage", "family"), [
+    (("KOALA_700M", "SDXL", "BASE"), "sdxl"),  # a pruned SDXL: the family of its base class
+    (("FluxSchnell", "Flux", "BASE"), "flux"),
+    (("Flux2", "Flux", "BASE"), "flux2"),
+    (("ZImage", "Lumina2", "BASE"), "z_image"),
+    (("WAN21_I2V", "WAN21_T2V", "BASE"), "wan21"),
+    (("SD15", "BASE"), "sd15"),
+    (("SDXLRefiner", "BASE"), None),
+])
+def test_a_loaded_model_without_readable_shapes_is_placed_by_its_config_class(archs, lineage, family):
+    assert archs.from_comfy_classes(lineage) == family
+
+
+def test_mecha_dict_lines_take_ranges_and_are_written_back_as_blocks():
+    from merge import mecha_text
+
+    text = ('version 0.1.0\nmodel "a.safetensors"\nmodel "b.safetensors"\n'
+            'dict double_blocks.0-2=0.5 single_blocks.*=1 default=0\nmerge "weighted_sum" &0 &1 alpha=&2')
+    written = mecha_text.dumps(mecha_text.parse(text), compact=True)
+    blocks = " ".join(f"double_blocks.{i}=0.5" for i in range(3))
+    assert f"dict {blocks} single_blocks.*=1 default=0" in written
+    assert mecha_text.parse(written) == mecha_text.parse(text)

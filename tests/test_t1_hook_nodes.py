@@ -661,6 +661,41 @@ def test_prompt_lora_lbw_equals_the_block_weights_chain(rig):
     assert (unweighted - expected).abs().max() > 1e-3 * expected.abs().max(), "OUTALL changed nothing"
 
 
+@pytest.mark.once
+def test_block_maps_of_the_new_families_follow_the_model_keys(blocks):
+    """Text block maps on families with no tiny ComfyUI model here (Flux.2, Wan): ranges and globs resolve
+    to the model's keys, blocks counted from them. Pure map logic behind ComfyUI's import: the same on
+    every version."""
+    import tiny_families as tf
+
+    dev = [k for k in tf.shapes("flux2", 8, 48, checkpoint=True) if k.startswith("model.diffusion_model.")]
+    strength = blocks.strength_map("double_blocks.0-3=0, single_blocks.*=0.5", "flux2", dev)
+    assert strength("diffusion_model.double_blocks.3.img_attn.qkv.weight") == 0.0
+    assert strength("diffusion_model.double_blocks.4.img_attn.qkv.weight") == 1.0  # default 1
+    assert strength("diffusion_model.single_blocks.47.linear1.weight") == 0.5
+    klein = [k for k in tf.shapes("flux2", 5, 20, checkpoint=True) if k.startswith("model.")]
+    with pytest.raises(ValueError, match=r"'single_blocks\.20' is no block of flux2 \(counted from the file: "
+                                         r".*single_blocks\.0-19"):
+        blocks.strength_map("single_blocks.10-23=0", "flux2", klein)
+    wan = [f"model.diffusion_model.{k}" for k in tf.shapes("wan21", 30)]
+    strength = blocks.strength_map("blocks.20-29=0\nhead=0.5", "wan21", wan)
+    assert [strength(f"diffusion_model.blocks.{i}.ffn.0.weight") for i in (19, 20, 29)] == [1.0, 0.0, 0.0]
+    assert strength("diffusion_model.head.head.weight") == 0.5
+    with pytest.raises(ValueError, match="range 'blocks.9-0' runs from 9 to 0"):
+        blocks.strength_map("blocks.9-0=0", "wan21", wan)
+    with pytest.raises(ValueError, match="vectors are defined for sd15, sdxl, flux, not wan21"):
+        blocks.strength_map("OUTALL", "wan21", wan)
+    # an A1111 Flux vector (19 + 38 blocks, guidance_in) on a smaller Flux without guidance (schnell-like)
+    small = [k for k in tf.shapes("flux", 2, 3, checkpoint=True) if "guidance_in" not in k]
+    values = [0.3, 0.7, 0.2, 1.0, 0.4, *[1.0] * 17, *[0.5] * 38, 0.0]  # CLIP, T5, IN, D00..D18, S.., OUT
+    strength = blocks.strength_map(",".join(map(str, values)), "flux", small)
+    assert strength("diffusion_model.double_blocks.1.img_attn.qkv.weight") == 0.4
+    assert strength("diffusion_model.img_in.weight") == 0.2
+    assert {blocks.strength_map("FLUXALL", "flux", small)(k.removeprefix("model.")) for k in small} == {1.0}
+    menu = blocks.PatchbayHookBlockWeights.INPUT_TYPES()["required"]["arch"][0]
+    assert menu == ["auto", *blocks.architectures.BY_ID]  # the architecture table's families
+
+
 @pytest.mark.parametrize(("text", "model", "needle"), [
     (f"<lora:{LORA}:lbw=OUTALL>", False, "LoRA tag at column 1: lbw=OUTALL needs the model input connected"),
     (f"x <lora:{LORA}:lbw=1,1,1,1,1,1,1,1,1,1,1,1>", True,

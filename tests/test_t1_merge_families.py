@@ -85,3 +85,57 @@ def test_comfyui_and_the_table_agree_on_the_tiny_unets(comfy, models):
             if k.startswith(prefix)
         }
         assert _comfy_class(meta, prefix) in {"sd15": ("SD15",), "sdxl": ("SDXL", "KOALA_700M")}[family]
+
+
+@pytest.mark.once
+def test_the_merge_nodes_take_the_architecture_policy(comfy, tmp_path, monkeypatch):
+    """Merge, Save Merge, Extract LoRA and Recipe Hook refuse inputs of two families unless their
+    architecture_policy input says allow. The nodes pass the option to the library and load no model, so
+    the answer is the same on every ComfyUI version."""
+    from pathlib import Path
+
+    pack, paths = comfy.pack, comfy.folder_paths
+    folder, loras = tmp_path / "ckpts", tmp_path / "loras"
+    folder.mkdir()
+    loras.mkdir()
+    tf.write(folder / "pb-wan.safetensors", "wan21", 2, seed=1)
+    tf.write(folder / "pb-ltxv.safetensors", "ltxv", 2, seed=2)
+    paths.add_model_folder_path("checkpoints", str(folder))
+    extensions = paths.folder_names_and_paths["loras"][1]
+    monkeypatch.setitem(paths.folder_names_and_paths, "loras", ([str(loras)], extensions))
+    R = pack.merge.recipe
+
+    def node(node_id):
+        return pack.NODE_CLASS_MAPPINGS[node_id]()
+
+    refused = r"pb-ltxv.safetensors: is a ltxv model but pb-wan.safetensors is wan21.*policy input"
+    try:
+        paths.filename_list_cache.pop("checkpoints", None)
+        a, b = (R.model(f"checkpoints/pb-{n}.safetensors") for n in ("wan", "ltxv"))
+        for node_id in ("PatchbayMerge", "PatchbayMergeSave", "PatchbayMergeExtractLora",
+                        "PatchbayRecipeHook"):
+            kind, options = node(node_id).INPUT_TYPES()["optional"]["architecture_policy"]
+            assert kind == ["refuse", "allow"] and options["default"] == "refuse", node_id
+        with pytest.raises(ValueError, match=refused):
+            node("PatchbayMerge").merge(R.weighted_sum(a, b, alpha=0.5))
+        save, out = node("PatchbayMergeSave"), Path(paths.get_output_directory()) / "checkpoints"
+        with pytest.raises(ValueError, match=refused):
+            save.save(R.weighted_sum(a, b, alpha=0.5), "checkpoints/pb-policy")
+        assert not list(out.glob("pb-policy*"))
+        shown = save.save(R.weighted_sum(a, b, alpha=0.5), "checkpoints/pb-policy",
+                          architecture_policy="allow")
+        assert Path(shown["result"][0]).exists() and "merged key by key" in " ".join(shown["ui"]["text"])
+        extract = node("PatchbayMergeExtractLora")
+        with pytest.raises(ValueError, match=refused):
+            extract.extract(R.subtract(a, b), "pb-policy", rank=2)
+        assert not list(loras.iterdir())
+        shown = extract.extract(R.subtract(a, b), "pb-policy", rank=2, architecture_policy="allow")
+        assert (loras / "pb-policy.safetensors").exists()
+        assert "merged key by key" in " ".join(shown["ui"]["text"])
+        hook = node("PatchbayRecipeHook")
+        with pytest.raises(ValueError, match=refused):
+            hook.create(R.subtract(a, b))
+        assert len(hook.create(R.subtract(a, b), architecture_policy="allow")[0].hooks) == 1
+    finally:
+        paths.folder_names_and_paths["checkpoints"][0].remove(str(folder))
+        paths.filename_list_cache.pop("checkpoints", None)

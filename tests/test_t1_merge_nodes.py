@@ -148,7 +148,13 @@ def test_key_patterns_read_json_and_items_and_name_every_bad_entry(node, pack):
     assert "IN0=" in cls.VALIDATE_INPUTS("IN0=zero", "sd15") and "line 1, column 1" in cls.VALIDATE_INPUTS(
         "IN0=zero", "sd15")
     assert cls.VALIDATE_INPUTS("OUT05=0.5, default=1", "sdxl") is True
-    assert "check_blocks 'sd3'" in cls.VALIDATE_INPUTS("OUT05=0.5", "sd3")  # ComfyUI skips the combo check
+    assert "check_blocks 'sd4'" in cls.VALIDATE_INPUTS("OUT05=0.5", "sd4")  # ComfyUI skips the combo check
+    # every family of the architecture table, ranges written out, block globs, counts from the file later
+    assert cls.INPUT_TYPES()["required"]["check_blocks"][0] == ["at merge time", *pack.merge.blocks.ARCHS]
+    (ranged,) = patterns.make("double_blocks.0-7=0.5\nsingle_blocks.*=1, default=0", "flux2")
+    assert list(ranged.mapping)[:2] == ["double_blocks.0", "double_blocks.1"] and len(ranged.mapping) == 10
+    assert "'singel_blocks.3' is no block of flux2" in cls.VALIDATE_INPUTS("singel_blocks.3=0", "flux2")
+    assert "'OUT05' is no block of sd3" in cls.VALIDATE_INPUTS("OUT05=0.5", "sd3")
 
 
 @pytest.fixture
