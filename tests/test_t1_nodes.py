@@ -53,6 +53,15 @@ def test_every_node_has_a_help_page(comfy):
     assert not stale, f"run devtools/build_merge_docs.py: {stale}"
 
 
+def test_every_node_has_search_aliases(comfy):
+    """nodes/search_terms.py names only registered nodes, and every node gets words to be found by."""
+    search_terms = comfy.pack.nodes.search_terms
+    nodes = comfy.pack.NODE_CLASS_MAPPINGS
+    assert set(search_terms.ALIASES) <= set(nodes), sorted(set(search_terms.ALIASES) - set(nodes))
+    for node_id, cls in nodes.items():
+        assert cls.SEARCH_ALIASES and all(a == a.strip().lower() for a in cls.SEARCH_ALIASES), node_id
+
+
 def test_every_node_documents_itself(comfy):
     """A description, a tooltip on every input (required and optional) and one per output."""
     problems = []
