@@ -5,6 +5,8 @@ The frontend's own rules, read in its source (1.32.9 with ComfyUI 0.3.75, 1.49.6
 1.58.1) and restated here so that a test can hold the pack to them without a browser:
 - help: NodeHelpService.fetchCustomNodeHelp asks for ``/extensions/<pack>/docs/<NodeId>/<locale>.md``,
   then ``docs/<NodeId>.md``;
+- template browser: a pack's card is its file name (title, description, search text), see
+  devtools/workflow_catalog.py;
 - node search: NodeSearchService matches ``name``, ``display_name`` and (1.49.6 on) ``search_aliases``,
   then FuseSearch ``calcAuxSingle`` ranks by ``name`` and ``display_name`` only (``rank_key`` below),
   a node's usage frequency next (core nodes have one, Patchbay's none: a tie goes to core).
@@ -18,6 +20,9 @@ import urllib.request
 
 import devpaths
 import pytest
+from workflow_catalog import CATALOG, SEARCH_REACH
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9 .,()-]+")  # no URL specials (the frontend does not encode names)
 
 pytestmark = pytest.mark.t2
 
@@ -115,3 +120,23 @@ def test_help_pages_are_where_the_frontend_asks_first(comfy_server, object_info)
                 assert response.status == 200 and response.read().startswith(b"# "), path
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(f"{base}/{ours[0]}/de.md", timeout=30)
+
+
+def template_search_finds(name: str, query: str) -> bool:
+    """The template browser's search (Fuse, threshold 0.4, location 0, distance 100) finds an exact
+    occurrence of ``query`` only where it starts within the first SEARCH_REACH characters."""
+    at = name.lower().find(query.lower())
+    return 0 <= at <= SEARCH_REACH
+
+
+def test_template_cards_say_what_each_workflow_does(comfy_server):
+    """The names the server lists (title, description and search text of each card) are the catalogue's;
+    each is found by "Patchbay", its category and its subjects, and its thumbnail is the one served."""
+    listed = sorted(comfy_server.get_json("/api/workflow_templates").get(devpaths.PACK_NAME) or [])
+    assert listed == sorted(entry.file_name for entry in CATALOG.values())
+    for slug, entry in CATALOG.items():
+        name = entry.file_name
+        assert SAFE_NAME.fullmatch(name) and len(name) <= 60, name
+        for query in ("Patchbay", entry.category, *entry.subjects):
+            assert template_search_finds(name, query), f"searching {query!r} does not find {name!r} ({slug})"
+        assert (devpaths.WORKFLOWS_DIR / f"{name}.jpg").is_file(), f"{name}.jpg"
