@@ -110,14 +110,27 @@ def test_node_search_finds_the_right_patchbay_nodes_first(object_info, query):
         assert by_alias <= set(ours), f"{query!r} does not find {sorted(by_alias - set(ours))}"
 
 
+# px: the most a help diagram is drawn at (about a side panel's width, not measured); where the panel is
+# narrower, the frontend's .comfy-markdown-content img {max-width: 100%} scales it down (1.32.9 on)
+HELP_PANEL_WIDTH = 360
+IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+
+
 def test_help_pages_are_where_the_frontend_asks_first(comfy_server, object_info):
-    """Every node's page answers the first request (locale en), and the fallback answers the others."""
+    """Every node's page answers the first request (locale en), and the fallback answers the others; a
+    diagram (linked relative to docs/, where the frontend resolves it) is served and fits the panel."""
     base = f"{comfy_server.url}/extensions/{devpaths.PACK_NAME}/docs"
     ours = sorted(pack_nodes(object_info))
     for node_id in ours:
         for path in (f"{node_id}/en.md", f"{node_id}.md"):
             with urllib.request.urlopen(f"{base}/{path}", timeout=30) as response:
-                assert response.status == 200 and response.read().startswith(b"# "), path
+                text = response.read().decode()
+                assert response.status == 200 and text.startswith("# "), path
+        for image in IMAGE_LINK.findall(text):
+            with urllib.request.urlopen(f"{base}/{image}", timeout=30) as response:
+                assert response.headers["Content-Type"] == "image/svg+xml", image
+                width = re.search(rb'<svg[^>]*\swidth="(\d+)"', response.read())
+                assert width and int(width.group(1)) <= HELP_PANEL_WIDTH, f"{image} is wider than the panel"
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(f"{base}/{ours[0]}/de.md", timeout=30)
 
