@@ -446,7 +446,7 @@ def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> in
             target.write_text(workflow)
             source = json.loads(path.read_text())
             kind, jpg = _thumbnail_kind(source), target.with_suffix(".jpg")
-            caption = "" if name.startswith("_") else template(name).description
+            caption = "" if name.startswith("_") else template(name).caption
             if kind == "image":
                 output_thumbnail(server, name, source, jpg, caption)
             elif kind == "graph":

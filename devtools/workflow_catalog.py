@@ -8,10 +8,12 @@ category per pack (its folder name), search (Fuse over name, title and descripti
 location 0, distance 100) finding a word only where it starts within the first 40 characters. No
 frontend reads a per-pack index.json or any metadata inside a workflow (an ``index.json`` in
 ``workflows/`` would even show as a template card named "index"). So the name carries it all:
-``Patchbay <Category> - <Title>``, the category grouping hooks, schedules, regions and merging when
-the cards are sorted by name, every subject word early enough to be found. The source in
-devtools/workflow_sources keeps its short slug (and the workflow id derived from it); the builder
-(devtools/build_workflows.py) writes ``workflows/<file name>.json`` and its thumbnail from it.
+``<Title> - Patchbay <Category>``: a card shows about the first 30 characters of its name (1.49.6 at
+1920x1080, four cards a row), so the title comes first and is at most TITLE_LENGTH long, which keeps
+"Patchbay" and the category (Hooks, Schedules, Regions, Merging) within search's reach; the category
+also heads the thumbnail's caption. The source in devtools/workflow_sources keeps its short slug (and
+the workflow id derived from it); the builder (devtools/build_workflows.py) writes
+``workflows/<file name>.json`` and its captioned thumbnail from it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import devpaths
 
 CATEGORIES = ("Hooks", "Schedules", "Regions", "Merging")
 SEARCH_REACH = 40  # a match must start within this many characters of the name (threshold x distance)
+TITLE_LENGTH = 28  # what a card shows in full; with " - Patchbay Schedules" the category still starts by 40
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,17 @@ class Template:
 
     category: str
     title: str
-    description: str  # what it shows: the thumbnail's caption and the README's quick-start row
+    description: str  # what it shows, in the thumbnail's caption
     subjects: tuple[str, ...]  # what a user searches it by (each must be found: tests/test_t2_discovery.py)
 
     @property
+    def caption(self) -> str:
+        """The thumbnail's caption: the category, then what the workflow shows."""
+        return f"{self.category}: {self.description}"
+
+    @property
     def file_name(self) -> str:
-        return f"Patchbay {self.category} - {self.title}"
+        return f"{self.title} - Patchbay {self.category}"
 
 
 def _t(category: str, title: str, description: str, *subjects: str) -> Template:
@@ -53,13 +61,13 @@ CATALOG: dict[str, Template] = {
     "model_as_lora_fade_in": _t("Schedules", "Model as LoRA fading in",
                                 "A second checkpoint as a hook, fading in with eased keyframes.",
                                 "model as lora", "fading"),
-    "schedule_preview": _t("Schedules", "Preview of three hook schedules",
+    "schedule_preview": _t("Schedules", "Hook schedule preview",
                            "A plot of three hooks' strengths over 20 steps, drawn without sampling.",
-                           "preview", "schedule"),
+                           "schedule preview", "hook"),
     "floats_text_lora_schedule": _t("Schedules", "FLOATS typed, LoRA 0 to 1",
                                     "A LoRA hook whose strength follows a typed list: 0, 0.25, 0.75, 1.",
                                     "floats", "lora"),
-    "floats_ramp_lora_fade_out": _t("Schedules", "FLOATS ramp, LoCon fading out",
+    "floats_ramp_lora_fade_out": _t("Schedules", "FLOATS ramp, LoCon fade-out",
                                     "A LoCon hook fading out along an eased ramp, 0 on the last step.",
                                     "floats", "ramp", "locon"),
     "floats_repeat_lora_pulse": _t("Schedules", "FLOATS pulse, LoHa repeated",
@@ -69,10 +77,10 @@ CATALOG: dict[str, Template] = {
                                        "A FLOATS-scheduled LoRA hook traced step by step, drawn as a "
                                        "timeline.",
                                        "trace", "timeline"),
-    "regional_lora_two_characters": _t("Regions", "Regional LoRA, two characters",
+    "regional_lora_two_characters": _t("Regions", "Regional LoRA, 2 characters",
                                        "Two characters, two regional LoRAs, one Regional LoRA node and its "
-                                       "region diagram.", "regional lora", "two characters"),
-    "regional_lora_four_regions": _t("Regions", "Four regions, four LoRA formats",
+                                       "region diagram.", "regional lora", "characters"),
+    "regional_lora_four_regions": _t("Regions", "Four regions, 4 LoRA formats",
                                      "Four quadrants, each its own prompt and LoRA format (LoRA, LoCon, "
                                      "LoHa, LoKr).", "four regions", "lora"),
     "regional_two_characters_core_hooks": _t("Regions", "Core hooks made fast",
@@ -91,31 +99,31 @@ CATALOG: dict[str, Template] = {
                               "A weighted_sum merge as a Recipe Hook: off for the first half, then "
                               "fading in.",
                               "merge", "hook"),
-    "merge_two_checkpoints": _t("Merging", "Two checkpoints, weighted sum",
+    "merge_two_checkpoints": _t("Merging", "Merge two checkpoints",
                                 "Two checkpoints merged in the graph, sampled, and the recipe as text.",
-                                "checkpoints", "weighted sum"),
-    "merge_block_weights_sd15": _t("Merging", "Block weights, SD1.5",
+                                "merge", "checkpoints"),
+    "merge_block_weights_sd15": _t("Merging", "Merge block weights, SD1.5",
                                    "The input blocks of one checkpoint, the output blocks of another.",
-                                   "block weights", "sd1.5"),
-    "merge_ties_three_models": _t("Merging", "TIES of three models",
+                                   "merge", "block weights", "sd1.5"),
+    "merge_ties_three_models": _t("Merging", "TIES merge of three models",
                                   "Two fine-tunes' differences from their base trimmed, sign-elected, "
                                   "added back.",
-                                  "ties", "three models"),
+                                  "ties", "merge"),
     "merge_save_checkpoint": _t("Merging", "Save a merged checkpoint",
                                 "A merge streamed into a checkpoint file (Save Merge) and sampled in "
                                 "the graph.",
-                                "save", "checkpoint"),
-    "merge_extract_lora": _t("Merging", "Extract a LoRA",
+                                "save", "merged checkpoint"),
+    "merge_extract_lora": _t("Merging", "Extract LoRA from 2 models",
                              "A LoRA extracted from the difference of two checkpoints, used in the same run.",
                              "extract", "lora"),
-    "merge_recipe_from_text": _t("Merging", "Recipe from text",
-                                 "An sd-mecha recipe pasted as text and run.", "recipe", "text"),
-    "merge_lora_delta_key_patterns": _t("Merging", "LoRA baked in by key",
+    "merge_recipe_from_text": _t("Merging", "Merge recipe from text",
+                                 "An sd-mecha recipe pasted as text and run.", "merge", "recipe"),
+    "merge_lora_delta_key_patterns": _t("Merging", "LoRA merged in by key",
                                         "A LoRA baked into a MODEL per key pattern (cross-attention full, "
-                                        "feed-forward half).", "lora", "key"),
-    "merge_sdxl_lora_block_weights": _t("Merging", "SDXL LoRA per block",
+                                        "feed-forward half).", "lora", "merged", "key"),
+    "merge_sdxl_lora_block_weights": _t("Merging", "SDXL LoRA merged per block",
                                         "An SDXL LoRA baked into a UNet-only file, OUT blocks only, saved.",
-                                        "sdxl", "lora", "block"),
+                                        "sdxl", "lora", "merged", "block"),
 }
 
 

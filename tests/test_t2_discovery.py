@@ -20,7 +20,7 @@ import urllib.request
 
 import devpaths
 import pytest
-from workflow_catalog import CATALOG, SEARCH_REACH
+from workflow_catalog import CATALOG, SEARCH_REACH, TITLE_LENGTH
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9 .,()-]+")  # no URL specials (the frontend does not encode names)
 
@@ -149,7 +149,7 @@ def test_template_cards_say_what_each_workflow_does(comfy_server):
     assert listed == sorted(entry.file_name for entry in CATALOG.values())
     for slug, entry in CATALOG.items():
         name = entry.file_name
-        assert SAFE_NAME.fullmatch(name) and len(name) <= 60, name
+        assert SAFE_NAME.fullmatch(name) and len(entry.title) <= TITLE_LENGTH, name
         for query in ("Patchbay", entry.category, *entry.subjects):
             assert template_search_finds(name, query), f"searching {query!r} does not find {name!r} ({slug})"
         assert (devpaths.WORKFLOWS_DIR / f"{name}.jpg").is_file(), f"{name}.jpg"
