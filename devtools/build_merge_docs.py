@@ -1,12 +1,16 @@
-"""Write the help page of every merge method node (web/docs/PatchbayMethod<Name>.md) from merge.registry.
+"""Write the help page of every merge method node (web/docs/PatchbayMethod<Name>/en.md) from
+merge.registry, and every node's locale-neutral fallback page (web/docs/<NodeId>.md, a copy of en.md).
 
     python devtools/build_merge_docs.py          # (re)write the pages
     python devtools/build_merge_docs.py --check  # exit 1 if a page is missing or differs
 
-ComfyUI's frontend shows ``web/docs/<NodeId>.md`` as a node's help page. Method nodes are generated
-from the registry (nodes/merge_methods.py), so their pages are too: the method's one-line doc, its
-paper, its inputs with their merge spaces and its parameters with type, default and range. A T1 test
-(tests/test_t1_merge_nodes.py) checks the pages match the registered methods and the node ids.
+ComfyUI's frontend (1.32.9, 1.49.6 and 1.58.1 alike: NodeHelpService.fetchCustomNodeHelp) asks for
+``/extensions/<pack>/docs/<NodeId>/<locale>.md`` first and ``docs/<NodeId>.md`` after a 404, so the
+English page is ``web/docs/<NodeId>/en.md`` (found on the first request) and its copy ``<NodeId>.md``
+serves every other locale. Relative image links resolve against ``docs/`` in both. Method nodes are
+generated from the registry (nodes/merge_methods.py), so their pages are too: the method's one-line
+doc, its paper, its inputs with their merge spaces and its parameters with type, default and range. A
+T1 test (tests/test_t1_merge_nodes.py) checks the pages match the registered methods and the node ids.
 """
 
 from __future__ import annotations
@@ -75,11 +79,21 @@ def page(method) -> str:
     return "\n".join(lines)
 
 
+def help_page(node: str, locale: str = "en") -> Path:
+    """Where the help page of node id ``node`` in ``locale`` lives."""
+    return DOCS / node / f"{locale}.md"
+
+
 def pages() -> dict[Path, str]:
+    """Every page this script writes: the method pages, then each node's fallback copy of its en.md."""
     load_merge_package()
     from merge import registry
 
-    return {DOCS / f"{node_id(m.name)}.md": page(m) for m in registry.all_methods()}
+    written = {help_page(node_id(m.name)): page(m) for m in registry.all_methods()}
+    english = {path.parent.name: path for path in DOCS.glob("*/en.md")}
+    english.update({path.parent.name: path for path in written})
+    return written | {DOCS / f"{node}.md": written.get(path) or path.read_text()
+                      for node, path in sorted(english.items())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in stale:
             print(f"stale: {path.relative_to(ROOT)} (run devtools/build_merge_docs.py)")
         return 1 if stale else 0
+    wanted = pages()
     for path in stale:
-        path.write_text(pages()[path])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(wanted[path])
         print(f"wrote {path.relative_to(ROOT)}")
     return 0
 

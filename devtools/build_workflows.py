@@ -9,9 +9,10 @@ Why: a workflow file is only as good as the frontend's opinion of it. Writing th
 each source prompt is loaded into the real frontend (``app.loadApiJson``) in headless Chromium
 against a live ComfyServer, laid out here (left to right by dependency, no overlaps), loaded again
 (``app.loadGraphData``) and exported as the frontend exports it (``app.graphToPrompt().workflow``).
-The builder then checks that the frontend would queue exactly the source prompt, and saves a small
-``workflows/<name>.jpg`` thumbnail for the template browser. Output is deterministic: stable link
-ids, a workflow id derived from the name, seeds set to "fixed", no saved viewport.
+The builder then checks that the frontend would queue exactly the source prompt, and saves it as
+``workflows/<title>.json`` with a small ``<title>.jpg`` thumbnail for the template browser (the title,
+the file name the browser shows, comes from devtools/workflow_catalog.py). Output is deterministic:
+stable link ids, a workflow id derived from the source's name, seeds set to "fixed", no saved viewport.
 
 A source may hold note nodes (``{"class_type": "MarkdownNote", "inputs": {"text": ...}}``, or
 ``Note``): the frontend builds them like any node and never queues them, so they are left out of the
@@ -39,6 +40,7 @@ from comfy_server import ComfyServer
 from frontend import HEADLESS_SETTINGS, Frontend
 from widget_layout import EXTENSION_WIDGETS
 from workflow_api import FRONTEND_ONLY_TYPES
+from workflow_catalog import bundled_path, template
 
 SOURCES_DIR = devpaths.ROOT / "devtools" / "workflow_sources"
 TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: drawn above a node's pos
@@ -47,6 +49,7 @@ SLOT_HEIGHT = 20  # LiteGraph.NODE_SLOT_HEIGHT
 LAYOUT_PASSES = 3
 LAYOUT_ROUNDS = 3  # lay out, load, export again while the frontend changes node sizes
 THUMBNAIL_WIDTH = 640
+CAPTION_SIZE, CAPTION_PAD, CAPTION_COLORS = 28, 14, ((30, 34, 40), (240, 240, 240))
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
 NOTE_SIZE = (480, 280)  # a few lines, readable at the zoom that fits the whole graph
 FIT_CANVAS = (1425, 755)  # graph units Fit View fills on 1920x1080 at zoom 1 (measured; it leaves margins)
@@ -299,27 +302,58 @@ def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str
     return normalize(result["workflow"], name)
 
 
-def thumbnail(frontend: Frontend, target: Path) -> Path:
+def thumbnail(frontend: Frontend, target: Path, caption: str = "") -> Path:
     """A small JPEG of the graph currently loaded (the template browser's picture)."""
     from PIL import Image  # ComfyUI's own dependency
 
     with tempfile.TemporaryDirectory() as tmp:
         shot = frontend.screenshot_graph(Path(tmp) / "shot.png")
         image = Image.open(shot).convert("RGB")
-    return _save_thumbnail(image, target, enlarge=False)
+    return _save_thumbnail(image, target, enlarge=False, caption=caption)
 
 
-def _save_thumbnail(image: Any, target: Path, *, enlarge: bool) -> Path:
-    """``image`` (PIL) THUMBNAIL_WIDTH wide (smaller ones kept unless ``enlarge``) as a JPEG."""
+def _save_thumbnail(image: Any, target: Path, *, enlarge: bool, caption: str = "") -> Path:
+    """``image`` (PIL) THUMBNAIL_WIDTH wide (smaller ones kept unless ``enlarge``) as a JPEG, under a
+    band with ``caption`` where one is given."""
     from PIL import Image
 
     if image.width > THUMBNAIL_WIDTH or enlarge:
         image = image.resize((THUMBNAIL_WIDTH, round(image.height * THUMBNAIL_WIDTH / image.width)),
                              Image.Resampling.LANCZOS)
+    if caption:
+        image = captioned(image, caption)
     buffer = io.BytesIO()
     image.convert("RGB").save(buffer, "JPEG", quality=85, optimize=True)
     target.write_bytes(buffer.getvalue())
     return target
+
+
+def captioned(image: Any, caption: str) -> Any:
+    """``image`` under a dark band that says what the workflow does (its catalogue description).
+
+    A pack's template card shows only its file name (devtools/workflow_catalog.py), and look-alike
+    graphs (three FLOATS schedules) make look-alike thumbnails: the band tells them apart. The card
+    shows the whole picture (``object-contain``), about half size: CAPTION_SIZE stays readable there.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=CAPTION_SIZE)  # Pillow's own font: the same on every machine
+    width = max(image.width, THUMBNAIL_WIDTH)
+    lines: list[str] = []
+    for word in caption.split():
+        line = f"{lines[-1]} {word}" if lines else word
+        if lines and font.getlength(line) <= width - 2 * CAPTION_PAD:
+            lines[-1] = line
+        else:
+            lines.append(word)
+    line_height = round(CAPTION_SIZE * 1.25)
+    band = 2 * CAPTION_PAD + line_height * len(lines)
+    out = Image.new("RGB", (width, image.height + band), CAPTION_COLORS[0])
+    out.paste(image.convert("RGB"), ((width - image.width) // 2, band))
+    draw = ImageDraw.Draw(out)
+    for index, line in enumerate(lines):
+        draw.text((CAPTION_PAD, CAPTION_PAD + index * line_height), line, font=font, fill=CAPTION_COLORS[1])
+    return out
 
 
 def _thumbnail_node(source: dict[str, Any]) -> str | None:
@@ -339,19 +373,21 @@ def _thumbnail_kind(source: dict[str, Any]) -> str:
     return {None: "draft", True: "image", "graph": "graph"}[mark]
 
 
-def graph_thumbnail(server: ComfyServer, frontend: Frontend, name: str, target: Path) -> Path:
+def graph_thumbnail(server: ComfyServer, frontend: Frontend, name: str, target: Path,
+                    caption: str = "") -> Path:
     """The template browser's picture as the graph after a run: queue the loaded graph in the frontend,
     wait until the server has run it (its images and texts then show in their nodes), screenshot it."""
     try:
         server.wait(frontend.queue_graph())
-        return thumbnail(frontend, target)
+        return thumbnail(frontend, target, caption)
     except RuntimeError as err:  # ExecutionError, ComfyServerError, FrontendError
         raise BuildError(f"{name}: running it in the frontend for its thumbnail failed: {err}") from err
     finally:
         frontend.reload()  # the run's images must not reach the next workflow built on this page
 
 
-def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], target: Path) -> Path:
+def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], target: Path,
+                     caption: str = "") -> Path:
     """The template browser's picture as the outcome: run the source and shrink the image that its
     thumbnail node saved (a schedule plot, a region diagram), instead of a picture of the graph."""
     from PIL import Image
@@ -368,7 +404,7 @@ def output_thumbnail(server: ComfyServer, name: str, source: dict[str, Any], tar
         raise BuildError(f"{name}: thumbnail node {nid} saved no image named {prefix}_*; it must be a "
                          f"SaveImage whose filename_prefix is unique in the workflow")
     with Image.open(saved[0]) as image:
-        return _save_thumbnail(image, target, enlarge=True)
+        return _save_thumbnail(image, target, enlarge=True, caption=caption)
 
 
 def dumps(workflow: dict[str, Any]) -> str:
@@ -390,6 +426,10 @@ def _sources(names: list[str], folder: Path) -> list[Path]:
 
 def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> int:
     sources = _sources(names, sources_dir)
+    try:  # every source named in the catalogue before a server starts
+        targets = {path: bundled_path(path.stem, out_dir) for path in sources}
+    except KeyError as err:
+        raise BuildError(err.args[0]) from None
     stale = []
     with tempfile.TemporaryDirectory() as scratch, \
             ComfyServer(Path(scratch), settings=HEADLESS_SETTINGS) as server, \
@@ -397,7 +437,7 @@ def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> in
         for path in sources:
             name = path.stem
             workflow = dumps(build_one(frontend, name, json.loads(path.read_text())))
-            target = out_dir / f"{name}.json"
+            target = targets[path]
             if check:
                 if not target.is_file() or json.loads(target.read_text()) != json.loads(workflow):
                     stale.append(name)
@@ -405,13 +445,14 @@ def build(names: list[str], sources_dir: Path, out_dir: Path, check: bool) -> in
             out_dir.mkdir(parents=True, exist_ok=True)
             target.write_text(workflow)
             source = json.loads(path.read_text())
-            kind = _thumbnail_kind(source)
+            kind, jpg = _thumbnail_kind(source), target.with_suffix(".jpg")
+            caption = "" if name.startswith("_") else template(name).caption
             if kind == "image":
-                output_thumbnail(server, name, source, target.with_suffix(".jpg"))
+                output_thumbnail(server, name, source, jpg, caption)
             elif kind == "graph":
-                graph_thumbnail(server, frontend, name, target.with_suffix(".jpg"))
+                graph_thumbnail(server, frontend, name, jpg, caption)
             else:
-                thumbnail(frontend, target.with_suffix(".jpg"))
+                thumbnail(frontend, jpg, caption)
             print(f"built {target.relative_to(out_dir.parent)} (+ .jpg) from {path.name}")
     if stale:
         print(f"out of date: {stale}; run 'python devtools/build_workflows.py'", file=sys.stderr)

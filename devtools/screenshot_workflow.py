@@ -2,10 +2,10 @@
 
     python devtools/screenshot_workflow.py merge_two_checkpoints docs/merge_two_checkpoints.png
 
-The workflow (``workflows/<name>.json``) is loaded into the frontend served by a live ComfyServer
-(tiny models, CPU), queued as the Queue button queues it, and photographed when the server has run
-it: images and node texts shown, the UI around the graph hidden, cut to the nodes (what
-``build_workflows``' graph thumbnails show, at full size).
+The workflow (``workflows/<title>.json`` of source ``<name>``, devtools/workflow_catalog.py) is
+loaded into the frontend served by a live ComfyServer (tiny models, CPU), queued as the Queue button
+queues it, and photographed when the server has run it: images and node texts shown, the UI around
+the graph hidden, cut to the nodes (what ``build_workflows``' graph thumbnails show, at full size).
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import devpaths
 from comfy_server import ComfyServer
 from frontend import HEADLESS_SETTINGS, Frontend
+from workflow_catalog import bundled_path
 
 SCREEN = (1920, 1080)
 
 
 def screenshot(name: str, target: Path) -> Path:
-    """Run ``workflows/<name>.json`` in the frontend and save the graph after the run as ``target``."""
-    workflow = json.loads((devpaths.WORKFLOWS_DIR / f"{name}.json").read_text())
+    """Run the bundled workflow of source ``name`` (workflow_catalog.bundled_path) in the frontend and
+    save the graph after the run as ``target``."""
+    workflow = json.loads(bundled_path(name).read_text())
     with tempfile.TemporaryDirectory() as scratch, \
             ComfyServer(Path(scratch), settings=HEADLESS_SETTINGS) as server, \
             Frontend(server.url, viewport=SCREEN) as frontend:
@@ -38,7 +39,7 @@ def screenshot(name: str, target: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("name", help="a bundled workflow's name (workflows/<name>.json)")
+    parser.add_argument("name", help="a bundled workflow's source name (workflow_sources/<name>.json)")
     parser.add_argument("target", type=Path, help="the PNG to write")
     args = parser.parse_args(argv)
     try:

@@ -1,6 +1,7 @@
 """Node registration: every ``nodes/*.py`` ends with a ``NODES`` list; this is the one loop over them.
 
-Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_NAME``.
+Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_NAME``; the loop gives
+it its ``SEARCH_ALIASES`` from nodes/search_terms.py (the node search's words, kept in one table).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from . import (
     merge_outputs,
     merge_recipes,
     patcher,
+    search_terms,
 )
 
 _MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, hook_preview, patcher,
@@ -31,5 +33,6 @@ for _module in _MODULES:
     for _node in _module.NODES:
         if _node.NODE_ID in NODE_CLASS_MAPPINGS:
             raise RuntimeError(f"Patchbay node id {_node.NODE_ID!r} is registered twice")
+        _node.SEARCH_ALIASES = search_terms.aliases(_node)
         NODE_CLASS_MAPPINGS[_node.NODE_ID] = _node
         NODE_DISPLAY_NAME_MAPPINGS[_node.NODE_ID] = _node.DISPLAY_NAME

@@ -5,7 +5,7 @@ tensor inputs are PATCHBAY_RECIPE sockets (a variadic input gets ``VARIADIC_SLOT
 first required, the rest optional), its parameters widgets with the registry's type, default and
 range, and every numeric parameter an optional ``<param>_map`` socket for a block-weight or key-pattern
 map, or a param-space recipe (``train_difference_mask``), which replaces the widget. DESCRIPTION is
-the method's one-line doc; its help page (web/docs/<NodeId>.md, devtools/build_merge_docs.py) adds
+the method's one-line doc; its help page (web/docs/<NodeId>/en.md, devtools/build_merge_docs.py) adds
 the paper.
 """
 

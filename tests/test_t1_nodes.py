@@ -41,12 +41,25 @@ def test_registry_ids_prefixed_unique_and_not_colliding_with_core(comfy):
 
 
 def test_every_node_has_a_help_page(comfy):
-    import devpaths
+    """web/docs/<NodeId>/en.md (what the frontend asks for first) and its fallback copy <NodeId>.md (for
+    the other locales), both written by devtools/build_merge_docs.py."""
+    import build_merge_docs
 
-    docs = devpaths.ROOT / comfy.pack.WEB_DIRECTORY / "docs"
     missing = [node_id for node_id in comfy.pack.NODE_CLASS_MAPPINGS
-               if not (docs / f"{node_id}.md").is_file()]
-    assert not missing, f"write web/docs/<NodeId>.md for {missing}"
+               if not build_merge_docs.help_page(node_id).is_file()]
+    assert not missing, f"write web/docs/<NodeId>/en.md for {missing}"
+    stale = [str(path) for path, text in build_merge_docs.pages().items()
+             if not path.is_file() or path.read_text() != text]
+    assert not stale, f"run devtools/build_merge_docs.py: {stale}"
+
+
+def test_every_node_has_search_aliases(comfy):
+    """nodes/search_terms.py names only registered nodes, and every node gets words to be found by."""
+    search_terms = comfy.pack.nodes.search_terms
+    nodes = comfy.pack.NODE_CLASS_MAPPINGS
+    assert set(search_terms.ALIASES) <= set(nodes), sorted(set(search_terms.ALIASES) - set(nodes))
+    for node_id, cls in nodes.items():
+        assert cls.SEARCH_ALIASES and all(a == a.strip().lower() for a in cls.SEARCH_ALIASES), node_id
 
 
 def test_every_node_documents_itself(comfy):

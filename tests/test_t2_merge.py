@@ -100,8 +100,9 @@ def test_a_bad_recipe_text_stops_the_prompt_with_the_nearest_method_name(comfy_s
 
 def bundled_prompt(name: str, object_info: dict, frontend_version: str) -> dict:
     from workflow_api import workflow_to_prompt
+    from workflow_catalog import bundled_path
 
-    workflow = json.loads((devpaths.WORKFLOWS_DIR / f"{name}.json").read_text())
+    workflow = json.loads(bundled_path(name).read_text())
     return workflow_to_prompt(workflow, object_info, frontend=frontend_version)
 
 

@@ -13,6 +13,7 @@ import json
 import re
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import devpaths
 import pytest
@@ -77,7 +78,7 @@ def test_template_browser_lists_the_bundled_workflows(comfy_server):
     listed = comfy_server.get_json("/api/workflow_templates").get(devpaths.PACK_NAME)
     assert sorted(listed or []) == sorted(path.stem for path in WORKFLOWS)
     for path in WORKFLOWS:
-        base = f"{comfy_server.url}/api/workflow_templates/{devpaths.PACK_NAME}/{path.stem}"
+        base = f"{comfy_server.url}/api/workflow_templates/{devpaths.PACK_NAME}/{quote(path.stem)}"
         with urllib.request.urlopen(base + ".json", timeout=30) as response:
             assert json.loads(response.read()) == json.loads(path.read_text())
         with urllib.request.urlopen(base + ".jpg", timeout=30) as response:

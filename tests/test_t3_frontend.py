@@ -224,8 +224,11 @@ SOURCES = sorted(p for p in (devpaths.ROOT / "devtools" / "workflow_sources").gl
 
 
 def test_every_bundled_workflow_has_a_source():
-    bundled = sorted(path.stem for path in WORKFLOWS)
-    assert bundled == sorted(path.stem for path in SOURCES if not path.name.startswith("_"))
+    from workflow_catalog import bundled_path
+
+    bundled = sorted(path.name for path in WORKFLOWS)
+    sources = [path for path in SOURCES if not path.name.startswith("_")]
+    assert bundled == sorted(bundled_path(path.stem).name for path in sources)
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
@@ -233,9 +236,10 @@ def test_builder_output_is_current_and_laid_out(frontend, object_info, frontend_
     """On the frontend the bundled file was built with (its ``extra.frontendVersion``) the builder
     must give it byte for byte; on another it must give a workflow that queues the same prompt."""
     import build_workflows
+    import workflow_catalog
 
     built = build_workflows.build_one(frontend, source.stem, json.loads(source.read_text()))
-    bundled_path = devpaths.WORKFLOWS_DIR / source.name
+    bundled_path = workflow_catalog.bundled_path(source.stem)
     if not source.name.startswith("_"):
         bundled = json.loads(bundled_path.read_text())
         if bundled["extra"]["frontendVersion"] == frontend_version:
