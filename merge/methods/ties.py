@@ -22,6 +22,8 @@ def ties_sum(*models: Delta, k: Fraction = 1.0, vote_sgn: bool = False) -> Delta
     """TIES: keep each delta's top-k magnitudes, elect a sign, average the agreeing entries."""
     if models[0].numel() == 0:
         return models[0]
+    if not any(bool(m.any()) for m in models):  # no delta at all (a text encoder the fine-tunes left alone):
+        return torch.zeros_like(models[0])  # what the vote gives (0 / n), without sorting zeros
     filtered, counts = ties_sum_deltas(models, k, vote_sgn)
     return torch.nan_to_num(filtered.sum(dim=0) / counts, nan=0, posinf=0, neginf=0)
 
