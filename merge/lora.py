@@ -86,26 +86,33 @@ class LoraSource:
                                      "Use a LoRA made for this base model, or re-save the LoRA.") from None
 
     def _delta(self, key: str) -> torch.Tensor:
-        parts, shape = self.targets[key], self._shapes[key]
-        t = {part: self.file.read(name).float() for part, name in parts.items()}
-        alpha = t["alpha"].item() if "alpha" in t else None
-        if "diff" in t:
-            return t["diff"].reshape(shape)
-        if "lora_up.weight" in t:
-            down = t["lora_down.weight"]
-            diff = t["lora_up.weight"].flatten(1) @ down.flatten(1)
-            scale = alpha / down.shape[0] if alpha is not None else 1.0
-        elif "hada_w1_a" in t:
-            diff = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
-            scale = alpha / t["hada_w1_b"].shape[0] if alpha is not None else 1.0
-        else:
-            diff, scale = _lokr(t, alpha)
-        return (diff * scale).reshape(shape)
+        parts = self.targets[key]
+        return module_delta({part: self.file.read(name).float() for part, name in parts.items()}
+                            ).reshape(self._shapes[key])
 
     tensor = delta  # the source interface (merge/sources.py)
 
     def close(self) -> None:
         self.file.close()
+
+
+def module_delta(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One module's fp32 delta at strength 1 from its tensors by part name (``lora_up.weight``,
+    ``hada_w1_a``, ``lokr_w1``, ``diff``, ``alpha`` ...), as ComfyUI computes it: LoRA/LoCon and LoHa
+    flattened to ``(out, in * kh * kw)``, LoKr as the Kronecker product of its factors' shapes."""
+    alpha = t["alpha"].item() if "alpha" in t else None
+    if "diff" in t:
+        return t["diff"]
+    if "lora_up.weight" in t:
+        down = t["lora_down.weight"]
+        diff = t["lora_up.weight"].flatten(1) @ down.flatten(1)
+        scale = alpha / down.shape[0] if alpha is not None else 1.0
+    elif "hada_w1_a" in t:
+        diff = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
+        scale = alpha / t["hada_w1_b"].shape[0] if alpha is not None else 1.0
+    else:
+        diff, scale = _lokr(t, alpha)
+    return diff * scale
 
 
 def _base_view(base: object) -> tuple[list[str], object]:
