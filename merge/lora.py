@@ -115,6 +115,41 @@ def module_delta(t: dict[str, torch.Tensor]) -> torch.Tensor:
     return diff * scale
 
 
+def module_factors(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(up, down)`` whose product is ``module_delta(t)`` flattened to ``(out, in * kh * kw)``, exactly;
+    None for a full ``diff``. LoRA/LoCon: its own factors, alpha / rank folded into down. LoHa
+    ``(A1 B1) * (A2 B2)``: the row-wise products of A1, A2 and of B1, B2 (rank r1 r2). LoKr
+    ``kron(w1, w2)``: ``kron(u1, u2) @ kron(d1, d2)`` of each factor's split (a full factor is
+    itself times an identity on its shorter side)."""
+    alpha = t["alpha"].item() if "alpha" in t else None
+    if "diff" in t:
+        return None
+    if "lora_up.weight" in t:
+        up, down = t["lora_up.weight"].flatten(1), t["lora_down.weight"].flatten(1)
+    elif "hada_w1_a" in t:
+        a1, b1, a2, b2 = (t[part].flatten(1) for part in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"))
+        up = (a1[:, :, None] * a2[:, None, :]).flatten(1)
+        down = (b1[:, None, :] * b2[None, :, :]).flatten(0, 1)
+        rank = b1.shape[0]
+    else:
+        (u1, d1), rank1 = _split(t, "lokr_w1")
+        (u2, d2), rank2 = _split(t, "lokr_w2")
+        up, down, rank = torch.kron(u1, u2), torch.kron(d1, d2), rank2 if rank2 is not None else rank1
+    if "lora_up.weight" in t:
+        rank = down.shape[0]
+    scale = alpha / rank if alpha is not None and rank is not None else 1.0
+    return up, down * scale
+
+
+def _split(t: dict[str, torch.Tensor], name: str) -> tuple[tuple[torch.Tensor, torch.Tensor], int | None]:
+    """((up, down), rank) of a LoKr factor: its two parts, or a full one beside an identity."""
+    if name in t:
+        w = t[name].flatten(1)
+        eye = torch.eye(min(w.shape), dtype=w.dtype, device=w.device)
+        return ((eye, w) if w.shape[0] <= w.shape[1] else (w, eye)), None
+    return (t[f"{name}_a"].flatten(1), t[f"{name}_b"].flatten(1)), t[f"{name}_b"].shape[0]
+
+
 def _base_view(base: object) -> tuple[list[str], object]:
     """(canonical keys, key -> shape) of a LoRA's base model, a file or a source."""
     if isinstance(base, mio.SafetensorsFile):

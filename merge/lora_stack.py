@@ -36,7 +36,7 @@ from . import blocks
 from . import io as mio
 from .extract import check_size, truncate
 from .io import OUT_DTYPES
-from .lora import module_delta
+from .lora import module_delta, module_factors
 from .lora_keys import TEXT_ENCODERS, block_key
 from .names import did_you_mean
 
@@ -82,6 +82,7 @@ class StackOptions:
     dtype: str = "fp16"
     device: str = "cpu"
     overwrite: bool = False
+    threads: int = 1  # torch threads for the QRs and SVDs (0 keeps torch's setting), as in ExtractOptions
     check: Callable[[], None] | None = field(default=None, compare=False)
     on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
 
@@ -158,7 +159,13 @@ def merge_lora_stack(entries: Sequence[StackEntry], out_path: str | Path,
         report = StackReport(out_path, arch=_common_arch(loras))
         modules = list(dict.fromkeys(m for lora in loras for m in lora.modules))
         _check_plan(loras, modules, report, options)
-        tensors = _merge_modules(loras, modules, report, options)
+        previous_threads = torch.get_num_threads()
+        if options.threads > 0:
+            torch.set_num_threads(options.threads)
+        try:
+            tensors = _merge_modules(loras, modules, report, options)
+        finally:
+            torch.set_num_threads(previous_threads)
     finally:
         for lora in loras:
             lora.file.close()
@@ -299,7 +306,7 @@ class _Term:
     position: int
     up: torch.Tensor  # (out, r); a full (out, in) delta when ``down`` is None
     down: torch.Tensor | None  # (r, in * kh * kw), scaled
-    tail: tuple[int, ...] = ()  # (in, kh, kw) of a LoCon down
+    tail: tuple[int, ...] = ()  # (in, kh, kw) of a convolution
 
 
 def _term(lora: _Lora, module: str, arch: str, device: str) -> _Term | None:
@@ -316,14 +323,21 @@ def _term(lora: _Lora, module: str, arch: str, device: str) -> _Term | None:
         if not torch.isfinite(tensor).all():
             raise StackError(f"{lora.file.path}: module {module} has inf or NaN in its {part}; the file is "
                              f"broken: re-save or re-download it, or leave it out of the stack")
-    if "lora_up.weight" in t:
-        down = t["lora_down.weight"]
-        if "alpha" in t:
-            scale *= t["alpha"].item() / down.shape[0]
-        tail = tuple(down.shape[1:]) if down.dim() == 4 else ()
-        return _Term(lora.position, t["lora_up.weight"].flatten(1), down.flatten(1) * scale, tail)
-    out = lora.shapes[module][0]
-    return _Term(lora.position, module_delta(t).reshape(out, -1) * scale, None)
+    factors = module_factors(t)
+    if factors is None:
+        return _Term(lora.position, module_delta(t).reshape(lora.shapes[module][0], -1) * scale, None)
+    return _Term(lora.position, factors[0], factors[1] * scale, _kernel(t))
+
+
+def _kernel(t: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """(in, kh, kw) of a convolution's weight where the factors tell it (LoCon, LoKr); else ()."""
+    down, w2 = t.get("lora_down.weight"), t.get("lokr_w2")
+    if down is not None and down.dim() == 4:
+        return tuple(down.shape[1:])
+    if w2 is not None and w2.dim() == 4:
+        w1 = t["lokr_w1"] if "lokr_w1" in t else t["lokr_w1_b"]
+        return (w1.shape[1] * w2.shape[1], *w2.shape[2:])
+    return ()
 
 
 def _block_weight(mapping: Mapping[str, float], arch: str, module: str) -> float:

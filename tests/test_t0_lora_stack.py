@@ -188,3 +188,37 @@ def test_bad_input_is_refused_and_nothing_is_written(pair, tmp_path):
         ls.StackOptions(rank=0)
     assert out.read_bytes() == b"keep"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file
+
+
+@pytest.mark.parametrize("parts", [
+    {"hada_w1_a": (24, 3), "hada_w1_b": (3, 90), "hada_w2_a": (24, 2), "hada_w2_b": (2, 90), "alpha": ()},
+    {"lokr_w1": (4, 6), "lokr_w2_a": (5, 2), "lokr_w2_b": (2, 15), "alpha": ()},
+    {"lokr_w1_a": (4, 2), "lokr_w1_b": (2, 3), "lokr_w2": (6, 5, 3, 3)},  # a convolution's Kronecker factor
+    {"lora_up.weight": (8, 3, 1, 1), "lora_down.weight": (3, 4, 3, 3), "alpha": ()},
+])
+def test_module_factors_multiply_to_the_module_delta(parts):
+    from merge.lora import module_factors
+
+    g = torch.Generator().manual_seed(3)
+    t = {part: torch.randn(*shape, generator=g) if shape else torch.tensor(1.5)
+         for part, shape in parts.items()}
+    up, down = module_factors(t)
+    delta = module_delta(t)
+    assert torch.allclose(up @ down, delta.reshape(delta.shape[0], -1), atol=1e-5)
+
+
+def test_command_line(pair, tmp_path, capsys):
+    from merge import cli
+
+    out = tmp_path / "m.safetensors"
+    a, b = pair[0].path, pair[1].path
+    assert cli.main(["lora-stack", str(out), f"{a}:0.8:0.5", f"{b}:-0.6", "--rank", "12", "--dtype", "fp32",
+                     "--blocks", '2={"IN01": 0.5}']) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "3 modules (sd15)" in printed
+    want = expected(pair[:1], ATTN) - 0.6 * 0.5 * expected([ls.StackEntry(b)], ATTN)
+    assert torch.allclose(merged_delta(out, ATTN), want, atol=1e-5 * want.abs().max())
+    assert cli.main(["lora-stack", str(out), str(a), "--blocks", "3={}"]) == 2
+    assert "--blocks '3={}': write N=MAP with N the LoRA's position, 1 to 1" in capsys.readouterr().err
+    assert cli.main(["lora-stack", str(out), str(a), "--rank", "999", "--overwrite"]) == 2
+    assert "rank 999 is larger than module" in capsys.readouterr().err
