@@ -1,0 +1,88 @@
+"""T1: a LoRA stack merged into one LoRA (merge/lora_stack.py through the Merge LoRA Stack node) patches
+what LoraLoader patches with every LoRA of the stack applied, on the tiny SD1.5 model (LoRA, LoCon, LoHa
+and LoKr in one stack): equal within float noise at the full concatenated rank, and within the reported
+truncation error, module by module, at a lower rank. Weights are compared as ComfyUI patches them
+(``comfy.lora.calculate_weight``); nothing is sampled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.t1
+
+# (LoRA, model strength, clip strength): every format, opposite signs
+STACK = (("patchbay-lora-r4", 0.8, 0.5), ("patchbay-locon-r4", -0.6, -0.6), ("patchbay-loha-r4", 0.5, 0.5),
+         ("patchbay-lokr-r4", 0.3, 0.3))
+FULL_RANK = 256  # above every module's concatenated rank (4 + 4 + 16 + at most 96), below every weight's
+
+
+@pytest.fixture(scope="module")
+def stacked(comfy, models):
+    """(model, clip, the deltas LoraLoader adds with the whole stack applied, by patched key)."""
+    model, clip, _ = comfy.nodes.CheckpointLoaderSimple().load_checkpoint("patchbay-sd15-tiny-a.safetensors")
+    patched_model, patched_clip = model, clip
+    for stem, strength_model, strength_clip in STACK:
+        patched_model, patched_clip = comfy.nodes.LoraLoader().load_lora(
+            patched_model, patched_clip, models.loras[stem].name, strength_model, strength_clip)
+    return model, clip, added(model, clip, patched_model, patched_clip)
+
+
+def added(model, clip, patched_model, patched_clip) -> dict[str, torch.Tensor]:
+    """What the patches of ``patched_*`` add to every third weight they patch (LoRA-patched UNet and
+    text-encoder keys alike: about 60 of 190), as ComfyUI computes it in fp32."""
+    import comfy.lora
+
+    out = {}
+    for plain, patched in ((model, patched_model), (clip.patcher, patched_clip.patcher)):
+        weights = plain.model.state_dict()
+        for key in sorted(patched.patches)[::3]:
+            patches = patched.patches[key]
+            weight = weights[key].float()
+            out[key] = comfy.lora.calculate_weight(patches, weight.clone(), key) - weight
+    return out
+
+
+def stack_text(models) -> str:
+    return "\n".join(f"{models.loras[stem].name}: {m}, {c}" for stem, m, c in STACK)
+
+
+def test_full_rank_node_output_patches_what_the_whole_stack_patches(comfy, models, stacked):
+    model, clip, want = stacked
+    node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayMergeLoraStack"]()
+    with torch.inference_mode():
+        result = node.merge(stack_text(models), "patchbay-tests-lora-stack", "overwrite", "rank", FULL_RANK,
+                            0.9, "fp32", model=model, clip=clip)
+    merged_model, merged_clip, name, report = result["result"]
+    assert name == "patchbay-tests-lora-stack.safetensors"
+    assert name in comfy.nodes.LoraLoader.INPUT_TYPES()["required"]["lora_name"][0]  # listed at once
+    assert "modules (sd15)" in report and "opposite directions" in report
+    got = added(model, clip, merged_model, merged_clip)
+    assert set(got) == set(want)
+    for key, delta in want.items():
+        torch.testing.assert_close(got[key], delta, rtol=0, atol=2e-5 * delta.abs().max().item(), msg=key)
+
+
+def test_truncated_stack_is_within_the_reported_error_module_by_module(comfy, models, stacked, tmp_path):
+    import comfy.lora
+    import comfy.sd
+
+    from merge import lora_stack as ls
+
+    model, clip, want = stacked
+    entries = [ls.StackEntry(models.loras[stem], m, c) for stem, m, c in STACK]
+    out = tmp_path / "stack-r6.safetensors"
+    report = ls.merge_lora_stack(entries, out, ls.StackOptions(rank=6, dtype="fp32"))
+    merged_model, merged_clip = comfy.sd.load_lora_for_models(model, clip, load_file(str(out)), 1.0, 1.0)
+    got = added(model, clip, merged_model, merged_clip)
+    key_map = {**comfy.lora.model_lora_keys_unet(model.model, {}),
+               **comfy.lora.model_lora_keys_clip(clip.cond_stage_model, {})}
+    assert set(got) == set(want)
+    modules = {key_map[module]: module_report for module, module_report in report.modules.items()}
+    assert any(".conv" in key or "in_layers" in key for key in got) and any("clip" in key for key in got)
+    for key, module_report in ((key, modules[key]) for key in got):
+        module = module_report.name
+        error = ((got[key] - want[key]).norm() / want[key].norm()).item()
+        assert module_report.rank == 6 and module_report.error > 0.01, module
+        assert error == pytest.approx(module_report.error, rel=1e-3, abs=1e-5), module
