@@ -200,6 +200,11 @@ def _open(entry: StackEntry, position: int) -> _Lora:
             raise StackError(f"{path}: module {key.removesuffix(suffix)} is {REFUSED[suffix]}; it cannot be "
                              f"merged into a plain LoRA. Leave this LoRA out of the stack, or apply it "
                              f"with LoraLoader beside the merged one")
+        if suffix is None and key.endswith((".scale", "_norm.weight", ".norm.weight")):
+            raise StackError(f"{path}: tensor {key} is a weight the LoRA sets (a norm scale: LoraLoader "
+                             f"replaces it instead of adding to it), which a merged LoRA of deltas cannot "
+                             f"carry; leave this LoRA out of the stack and apply it with LoraLoader beside "
+                             f"the merged one")
         if suffix is None:
             raise StackError(f"{path}: tensor {key} is no LoRA part this merge knows (kohya lora_up/"
                              f"lora_down, PEFT lora_A/lora_B, LoCon, LoHa, LoKr); is it a LoRA file?")

@@ -222,3 +222,36 @@ def test_command_line(pair, tmp_path, capsys):
     assert "--blocks '3={}': write N=MAP with N the LoRA's position, 1 to 1" in capsys.readouterr().err
     assert cli.main(["lora-stack", str(out), str(a), "--rank", "999", "--overwrite"]) == 2
     assert "rank 999 is larger than module" in capsys.readouterr().err
+
+
+def test_families_of_the_tiny_loras_and_a_cross_family_stack_refused(models, tmp_path):
+    """Family from the module names (kohya diffusers and LDM names, BFL) and the weights' shapes; an SD1.5
+    and an SDXL LoRA in one stack are refused before anything is read or written."""
+    from merge import io as mio
+
+    def family(stem: str) -> str:
+        return ls._open(ls.StackEntry(models.loras[stem]), 1).arch
+
+    assert {stem: family(stem) for stem in ("patchbay-lora-r4", "patchbay-locon-r8", "patchbay-loha-r4",
+                                            "patchbay-lokr-r8", "patchbay-sdxl-locon-r8",
+                                            "patchbay-flux-kohya-r8", "patchbay-flux-diffusers-r8")} == {
+        "patchbay-lora-r4": "sd15", "patchbay-locon-r8": "sd15", "patchbay-loha-r4": "sd15",
+        "patchbay-lokr-r8": "sd15", "patchbay-sdxl-locon-r8": "sdxl", "patchbay-flux-kohya-r8": "flux",
+        "patchbay-flux-diffusers-r8": "unknown"}  # diffusers DiT names: no probe of the table
+    refused([ls.StackEntry(models.loras["patchbay-flux-bfl-r8"])], tmp_path / "m.safetensors",
+            "tensor double_blocks.0.img_attn.norm.key_norm.scale is a weight the LoRA sets")
+    entries = [ls.StackEntry(models.loras["patchbay-lora-r4"]),
+               ls.StackEntry(models.loras["patchbay-sdxl-locon-r8"])]
+    refused(entries, tmp_path / "m.safetensors", "is a sdxl LoRA but LoRA 1 .* is sd15")
+    assert not list(tmp_path.iterdir())
+    assert mio.SafetensorsFile(models.loras["patchbay-lora-r4"]).arch == "lora-kohya"  # io's view: a LoRA
+
+
+def test_sdxl_block_weights_place_ldm_names_in_their_blocks(models, tmp_path):
+    """SDXL's LDM-named LoCon: OUT blocks at 0 leave out exactly the output_blocks modules."""
+    lora_file = models.loras["patchbay-sdxl-locon-r8"]
+    entry = ls.StackEntry(lora_file, 0.7, blocks={"OUT*": 0.0})
+    report = ls.merge_lora_stack([entry], tmp_path / "m.safetensors", ls.StackOptions(rank=8))
+    assert report.arch == "sdxl" and report.zero and all("output_blocks" in m for m in report.zero)
+    assert not any("output_blocks" in m for m in report.modules)
+    assert all(m.error < 1e-5 for m in report.modules.values())  # one rank-8 LoRA at rank 8: exact
