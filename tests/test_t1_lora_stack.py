@@ -86,3 +86,57 @@ def test_truncated_stack_is_within_the_reported_error_module_by_module(comfy, mo
         error = ((got[key] - want[key]).norm() / want[key].norm()).item()
         assert module_report.rank == 6 and module_report.error > 0.01, module
         assert error == pytest.approx(module_report.error, rel=1e-3, abs=1e-5), module
+
+
+def test_node_refuses_bad_lines_misspelt_names_and_paths_out_of_the_loras_folder(comfy, models):
+    """The node's text: a misspelt name gets the nearest names, a path out of the folder is refused
+    (merge_files), a line that is no ``name: strength`` names its number; nothing is written."""
+    node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayMergeLoraStack"]()
+    folder = models.loras["patchbay-lora-r4"].parent
+    before = sorted(folder.iterdir())
+
+    def run(text: str) -> None:
+        node.merge(text, "patchbay-tests-bad", "error", "rank", 4, 0.9, "fp16")
+
+    with pytest.raises(ValueError, match="patchbay-lora-r4.safetensors"):
+        run("patchbay-lora-r5.safetensors: 0.5")
+    with pytest.raises(ValueError, match="'..' is not allowed"):
+        run("../checkpoints/patchbay-sd15-tiny-a.safetensors: 1")
+    with pytest.raises(ValueError, match="LoRA line 2 'patchbay-lora-r4.safetensors: strong'"):
+        run("patchbay-lora-r4.safetensors: 1\npatchbay-lora-r4.safetensors: strong")
+    with pytest.raises(ValueError, match="is a sdxl LoRA but LoRA 1"):
+        run("patchbay-lora-r4.safetensors: 1\npatchbay-sdxl-locon-r8.safetensors: 1")
+    assert sorted(folder.iterdir()) == before
+
+
+def test_sdxl_stack_patches_what_loraloader_patches(comfy, models, tmp_path):
+    """SDXL (LDM kohya names, LoCon convolutions, UNet only): the LoCon at 0.7 and again at -0.3 merged at
+    its own rank 8 adds what LoraLoaderModelOnly adds with both, and the two are reported opposed."""
+    import arch_sampling
+    from comfy import sd as comfy_sd
+
+    from merge import lora_stack as ls
+
+    base = arch_sampling.shared_model("sdxl")
+    name = models.loras["patchbay-sdxl-locon-r8"].name
+    loader = comfy.nodes.LoraLoaderModelOnly()
+    both = loader.load_lora_model_only(loader.load_lora_model_only(base, name, 0.7)[0], name, -0.3)[0]
+    out = tmp_path / "sdxl-stack.safetensors"
+    entries = [ls.StackEntry(models.loras["patchbay-sdxl-locon-r8"], 0.7),
+               ls.StackEntry(models.loras["patchbay-sdxl-locon-r8"], -0.3)]
+    report = ls.merge_lora_stack(entries, out, ls.StackOptions(rank=8, dtype="fp32"))
+    merged, _ = comfy_sd.load_lora_for_models(base, None, load_file(str(out)), 1.0, 0.0)
+    assert report.arch == "sdxl" and all(m.opposed == ((1, 2, -1.0),) for m in report.modules.values())
+    want = added_model(base, both)
+    got = added_model(base, merged)
+    assert set(got) == set(want) and any(w.dim() == 4 for w in want.values())
+    for key, delta in want.items():
+        torch.testing.assert_close(got[key], delta, rtol=0, atol=2e-5 * delta.abs().max().item(), msg=key)
+
+
+def added_model(model, patched) -> dict[str, torch.Tensor]:
+    import comfy.lora
+
+    weights = model.model.state_dict()
+    return {key: comfy.lora.calculate_weight(patched.patches[key], weights[key].float().clone(), key)
+            - weights[key].float() for key in sorted(patched.patches)[::3]}
