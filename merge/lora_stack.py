@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,10 +122,10 @@ class StackReport:
 
     def lines(self, shown: int = 5) -> list[str]:
         """A summary: the file, ranks, errors, then the most opposed modules."""
-        ranks = sorted({m.rank for m in self.modules.values()})
+        ranks = sorted({m.rank for m in self.modules.values()}) or [0]
         errors = [m.error for m in self.modules.values()]
         out = [f"{self.path.name}: {len(self.modules)} modules ({self.arch}), rank "
-               f"{ranks[0]}-{ranks[-1] if ranks else 0}, relative truncation error mean "
+               f"{ranks[0]}-{ranks[-1]}, relative truncation error mean "
                f"{sum(errors) / max(1, len(errors)):.4f}, max {self.max_error:.4f}"]
         opposed = sorted((c, m.name, i, j) for m in self.modules.values() for i, j, c in m.opposed)
         if opposed:
@@ -154,8 +155,10 @@ def merge_lora_stack(entries: Sequence[StackEntry], out_path: str | Path,
     mio.check_output_path(out_path, options.overwrite)
     if not entries:
         raise StackError("the stack is empty: give at least one LoRA")
-    loras = [_open(entry, n) for n, entry in enumerate(entries, start=1)]
+    loras: list[_Lora] = []
     try:
+        for n, entry in enumerate(entries, start=1):
+            loras.append(_open(entry, n))
         report = StackReport(out_path, arch=_common_arch(loras))
         modules = list(dict.fromkeys(m for lora in loras for m in lora.modules))
         _check_plan(loras, modules, report, options)
@@ -189,7 +192,7 @@ def _open(entry: StackEntry, position: int) -> _Lora:
         siblings = [p.name for p in path.parent.glob("*.safetensors")] if path.parent.is_dir() else []
         raise StackError(f"LoRA {position} {str(path)!r}: no such file{did_you_mean(path.name, siblings)}")
     for value in (entry.strength, entry.clip_strength, *(entry.blocks or {}).values()):
-        if value is not None and not torch.isfinite(torch.tensor(float(value))):
+        if value is not None and not math.isfinite(value):
             raise StackError(f"LoRA {position} ({path.name}): strength or block weight {value} is not a "
                              f"finite number; give e.g. 0.8")
     file = mio.SafetensorsFile(path)
