@@ -13,6 +13,8 @@ merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from . import io as mio
@@ -148,6 +150,22 @@ def _split(t: dict[str, torch.Tensor], name: str) -> tuple[tuple[torch.Tensor, t
         eye = torch.eye(min(w.shape), dtype=w.dtype, device=w.device)
         return ((eye, w) if w.shape[0] <= w.shape[1] else (w, eye)), None
     return (t[f"{name}_a"].flatten(1), t[f"{name}_b"].flatten(1)), t[f"{name}_b"].shape[0]
+
+
+def patched_shape(parts: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
+    """(out, in * kh * kw) of the weight a module patches, from its factors' shapes by part name (the
+    headers are enough: nothing is read)."""
+    def flat(shape: tuple[int, ...]) -> int:
+        return int(torch.Size(shape[1:]).numel())
+    if "lora_up.weight" in parts:
+        return parts["lora_up.weight"][0], flat(parts["lora_down.weight"])
+    if "hada_w1_a" in parts:
+        return parts["hada_w1_a"][0], parts["hada_w1_b"][1]
+    if "diff" in parts:
+        return parts["diff"][0], flat(parts["diff"])
+    w1 = parts.get("lokr_w1") or (parts["lokr_w1_a"][0], parts["lokr_w1_b"][1])
+    w2 = parts.get("lokr_w2") or (parts["lokr_w2_a"][0], parts["lokr_w2_b"][1])
+    return w1[0] * w2[0], w1[1] * flat(w2)
 
 
 def _base_view(base: object) -> tuple[list[str], object]:

@@ -37,7 +37,7 @@ from . import blocks
 from . import io as mio
 from .extract import check_size, truncate
 from .io import OUT_DTYPES
-from .lora import module_delta, module_factors
+from .lora import module_delta, module_factors, patched_shape
 from .lora_keys import TEXT_ENCODERS, block_key
 from .names import did_you_mean
 
@@ -214,26 +214,11 @@ def _open(entry: StackEntry, position: int) -> _Lora:
         modules.setdefault(key.removesuffix(suffix), {})[PARTS[suffix]] = key
     info = {m: {part: file.tensors[key].shape for part, key in parts.items()} for m, parts in modules.items()}
     try:
-        shapes = {m: _weight_shape(parts) for m, parts in info.items()}
+        shapes = {m: patched_shape(parts) for m, parts in info.items()}
     except (KeyError, IndexError) as error:
         raise StackError(f"{path}: a module lacks its factor {error} (an incomplete LoRA); re-save "
                          f"it") from None
     return _Lora(entry, position, file, modules, shapes, archs.detect_lora(shapes))
-
-
-def _weight_shape(parts: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
-    """(out, in * kh * kw) of the weight a module patches, from its factors' shapes."""
-    def flat(shape: tuple[int, ...]) -> int:
-        return int(torch.Size(shape[1:]).numel())
-    if "lora_up.weight" in parts:
-        return parts["lora_up.weight"][0], flat(parts["lora_down.weight"])
-    if "hada_w1_a" in parts:
-        return parts["hada_w1_a"][0], parts["hada_w1_b"][1]
-    if "diff" in parts:
-        return parts["diff"][0], flat(parts["diff"])
-    w1 = parts.get("lokr_w1") or (parts["lokr_w1_a"][0], parts["lokr_w1_b"][1])
-    w2 = parts.get("lokr_w2") or (parts["lokr_w2_a"][0], parts["lokr_w2_b"][1])
-    return w1[0] * w2[0], w1[1] * flat(w2)
 
 
 def _common_arch(loras: list[_Lora]) -> str:
