@@ -109,6 +109,9 @@ CATALOG: dict[str, Template] = {
                                   "Two fine-tunes' differences from their base trimmed, sign-elected, "
                                   "added back.",
                                   "ties", "merge"),
+    "merge_lora_stack": _t("Merging", "LoRA stack merged into one",
+                           "Three LoRAs merged into one rank-16 LoRA, its error per module, and used.",
+                           "lora stack", "merge"),
     "merge_save_checkpoint": _t("Merging", "Save a merged checkpoint",
                                 "A merge streamed into a checkpoint file (Save Merge) and sampled in "
                                 "the graph.",

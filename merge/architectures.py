@@ -342,6 +342,35 @@ def detect(shapes: Mapping[str, Sequence[int]]) -> Detected:
     return Detected(UNKNOWN, False)
 
 
+# prefixes LoRA files put before the diffusion model's module path (kohya, diffusers, PEFT, ComfyUI)
+LORA_PREFIXES = ("lora_unet_", "lora_transformer_", "base_model.model.", "diffusion_model.", "transformer.",
+                 "unet.", DIFFUSION_PREFIX)
+# diffusers names of a UNet attention block -> an LDM name the cross-attention probe matches
+_DIFFUSERS_ATTENTION = re.compile(r"^(?:down|up)_blocks_\d+_attentions_\d+_")
+
+
+def detect_lora(shapes: Mapping[str, Sequence[int]]) -> str:
+    """The family a LoRA file was made for, from its module names (without the ``.lora_up.weight``
+    part) and the shapes of the weights they patch; ``unknown`` when no rule holds (a text-encoder-only
+    LoRA, a naming this table does not know). kohya writes a key's dots as underscores, so names and
+    the table's key globs are compared with both read as ``_``."""
+    body: dict[str, Sequence[int]] = {}
+    for module, shape in shapes.items():
+        if not module.startswith(LORA_PREFIXES):
+            continue  # text encoders
+        name = next(module[len(p):] for p in LORA_PREFIXES if module.startswith(p)).replace(".", "_")
+        body[name + "_weight"] = shape
+        if _DIFFUSERS_ATTENTION.match(name):
+            body[_DIFFUSERS_ATTENTION.sub("input_blocks_1_1_", name) + "_weight"] = shape
+    for family in FAMILIES:
+        rules = [[Probe(p.key.replace(".", "_"), p.dim, p.sizes) for p in rule] for rule in family.rules]
+        if any(all(_holds(p, body) for p in rule) for rule in rules) and not any(
+            _holds(Probe(glob.replace(".", "_")), body) for glob in family.unless
+        ):
+            return family.id
+    return UNKNOWN
+
+
 def _first_match(body: Mapping[str, Sequence[int]]) -> Family | None:
     for family in FAMILIES:
         if any(all(_holds(p, body) for p in rule) for rule in family.rules) and not any(

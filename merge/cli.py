@@ -6,6 +6,7 @@ one ``error:`` line and exits with status 2; nothing is written in that case.
 
     patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
     patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9
+    patchbay_merge.py lora-stack out.safetensors a.safetensors:0.8 b.safetensors:-0.5 --rank 32
     patchbay_merge.py show recipe.mecha [--compact]
     patchbay_merge.py validate recipe.mecha
     patchbay_merge.py methods
@@ -120,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="as for merge (%(default)s)")
     extract.set_defaults(run=run_extract)
 
+    _lora_stack_args(sub)
+
     show = sub.add_parser("show", help="print a recipe as .mecha text (sd-mecha reads it too), its inputs "
                                        "and methods")
     _recipe_args(show)
@@ -137,6 +140,28 @@ def build_parser() -> argparse.ArgumentParser:
     methods.add_argument("--json", action="store_true", help="machine-readable output")
     methods.set_defaults(run=run_methods)
     return parser
+
+
+def _lora_stack_args(sub: Any) -> None:
+    from .lora_stack import StackOptions
+
+    stack = sub.add_parser("lora-stack", help="merge LoRA files (each with a strength) into one LoRA of a "
+                                              "chosen rank or energy")
+    stack.add_argument("output", type=Path, help="the LoRA .safetensors file to write")
+    stack.add_argument("loras", nargs="+", metavar="LORA[:STRENGTH[:CLIP_STRENGTH]]",
+                       help="a LoRA file, its strength (1) and its strength on the text encoder (the same)")
+    size = stack.add_mutually_exclusive_group()
+    size.add_argument("--rank", type=int, help=f"rank of every module (default {StackOptions.rank})")
+    size.add_argument("--energy", type=float,
+                      help="keep this fraction of each module's spectral energy (0-1]")
+    stack.add_argument("--blocks", action="append", default=[], metavar="N=MAP",
+                       help='block weights of the Nth LoRA (1-based), e.g. 2=\'{"OUT*": 0, "default": 1}\' '
+                            "(repeatable)")
+    stack.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default=StackOptions.dtype,
+                       help="(%(default)s)")
+    stack.add_argument("--device", default=StackOptions.device, help="where the SVDs run (%(default)s)")
+    stack.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    stack.set_defaults(run=run_lora_stack)
 
 
 def _merge_option_args(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +245,49 @@ def run_extract(args: argparse.Namespace) -> int:
     print(f"wrote {report.path} ({report.modules} modules, mean relative error {report.mean_error:.4f}) "
           f"in {report.seconds:.1f} s")
     return 0
+
+
+def run_lora_stack(args: argparse.Namespace) -> int:
+    from .lora_stack import StackEntry, StackOptions, merge_lora_stack
+
+    blocks = dict(_stack_blocks(text, len(args.loras)) for text in args.blocks)
+    entries = [StackEntry(*_stack_entry(text), blocks=blocks.get(n))
+               for n, text in enumerate(args.loras, start=1)]
+    rank = args.rank if args.rank is not None or args.energy is not None else StackOptions.rank
+    options = StackOptions(rank=rank, energy=args.energy, dtype=args.dtype, device=args.device,
+                           overwrite=args.overwrite)
+    report = merge_lora_stack(entries, args.output, options)
+    print("\n".join([f"wrote {report.path} in {report.seconds:.1f} s", *report.lines()]))
+    return 0
+
+
+def _stack_entry(text: str) -> tuple[Path, float, float | None]:
+    """``path[:strength[:clip strength]]``: trailing numbers are strengths (a path may hold ``:``)."""
+    parts, numbers = text.split(":"), []
+    while len(parts) > 1 and len(numbers) < 2:
+        try:
+            numbers.insert(0, float(parts[-1]))
+        except ValueError:
+            break
+        parts.pop()
+    strength, clip = (*numbers, None, None)[:2] if numbers else (1.0, None)
+    return Path(":".join(parts)), strength, clip
+
+
+def _stack_blocks(text: str, count: int) -> tuple[int, dict[str, float]]:
+    number, sep, value = text.partition("=")
+    if not sep or not number.strip().isdigit() or not 1 <= int(number) <= count:
+        raise ValueError(f"--blocks {text!r}: write N=MAP with N the LoRA's position, 1 to {count}, e.g. "
+                         f"1='{{\"OUT*\": 0, \"default\": 1}}'")
+    try:
+        mapping = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--blocks {text!r}: the map is not JSON ({error.msg}); write e.g. "
+                         f"'{{\"IN*\": 0.5, \"default\": 1}}'") from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, (int, float)) for v in mapping.values()):
+        raise ValueError(f"--blocks {text!r}: the map must give a number per block name or glob, e.g. "
+                         f"'{{\"OUT*\": 0, \"default\": 1}}'")
+    return int(number), {str(k): float(v) for k, v in mapping.items()}
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -57,15 +57,20 @@ class ExtractOptions:
     on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.energy is not None and not 0 < self.energy <= 1:
-            raise ValueError(f"energy={self.energy}: give a fraction in (0, 1], e.g. 0.9")
-        if self.energy is None and (self.rank is None or self.rank < 1):
-            raise ValueError(f"rank={self.rank}: give a rank >= 1 or an energy fraction")
-        if self.dtype not in OUT_DTYPES:
-            raise ValueError(f"dtype={self.dtype!r}; choose one of {', '.join(OUT_DTYPES)}")
+        check_size(self.rank, self.energy, self.dtype)
         if self.architecture_policy not in ARCHITECTURE_POLICIES:
             raise ValueError(f"ExtractOptions.architecture_policy={self.architecture_policy!r}; choose one "
                              f"of {', '.join(ARCHITECTURE_POLICIES)}")
+
+
+def check_size(rank: int | None, energy: float | None, dtype: str) -> None:
+    """Refuse a LoRA size that is neither a rank >= 1 nor an energy in (0, 1], and an unknown dtype."""
+    if energy is not None and not 0 < energy <= 1:
+        raise ValueError(f"energy={energy}: give a fraction in (0, 1], e.g. 0.9")
+    if energy is None and (rank is None or rank < 1):
+        raise ValueError(f"rank={rank}: give a rank >= 1 or an energy fraction")
+    if dtype not in OUT_DTYPES:
+        raise ValueError(f"dtype={dtype!r}; choose one of {', '.join(OUT_DTYPES)}")
 
 
 @dataclass
@@ -199,6 +204,14 @@ def decompose(delta: torch.Tensor, rank: int | None, energy: float | None
         u, vh = uh.T, v.T
     else:
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    return truncate(u, s, vh, rank, energy, tuple(delta.shape))
+
+
+def truncate(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, rank: int | None, energy: float | None,
+             shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, int, float]:
+    """``decompose`` from an SVD ``u @ diag(s) @ vh`` of a delta of ``shape`` (2-D, or 4-D for a
+    convolution): the singular values split evenly between up and down, the relative Frobenius error
+    ``sqrt(tail energy / total)``."""
     power = s.square()
     total = power.sum()
     if rank is None:
@@ -208,7 +221,7 @@ def decompose(delta: torch.Tensor, rank: int | None, energy: float | None
     root = s[:rank].sqrt()
     up, down = u[:, :rank] * root, root[:, None] * vh[:rank]
     error = math.sqrt(max(0.0, float(power[rank:].sum() / total))) if total > 0 else 0.0
-    if delta.dim() == 4:
+    if len(shape) == 4:
         up = up[:, :, None, None]
-        down = down.reshape(rank, *delta.shape[1:])
+        down = down.reshape(rank, *shape[1:])
     return up.contiguous(), down.contiguous(), rank, error

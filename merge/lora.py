@@ -13,6 +13,8 @@ merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from . import io as mio
@@ -86,26 +88,84 @@ class LoraSource:
                                      "Use a LoRA made for this base model, or re-save the LoRA.") from None
 
     def _delta(self, key: str) -> torch.Tensor:
-        parts, shape = self.targets[key], self._shapes[key]
-        t = {part: self.file.read(name).float() for part, name in parts.items()}
-        alpha = t["alpha"].item() if "alpha" in t else None
-        if "diff" in t:
-            return t["diff"].reshape(shape)
-        if "lora_up.weight" in t:
-            down = t["lora_down.weight"]
-            diff = t["lora_up.weight"].flatten(1) @ down.flatten(1)
-            scale = alpha / down.shape[0] if alpha is not None else 1.0
-        elif "hada_w1_a" in t:
-            diff = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
-            scale = alpha / t["hada_w1_b"].shape[0] if alpha is not None else 1.0
-        else:
-            diff, scale = _lokr(t, alpha)
-        return (diff * scale).reshape(shape)
+        parts = self.targets[key]
+        return module_delta({part: self.file.read(name).float() for part, name in parts.items()}
+                            ).reshape(self._shapes[key])
 
     tensor = delta  # the source interface (merge/sources.py)
 
     def close(self) -> None:
         self.file.close()
+
+
+def module_delta(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One module's fp32 delta at strength 1 from its tensors by part name (``lora_up.weight``,
+    ``hada_w1_a``, ``lokr_w1``, ``diff``, ``alpha`` ...), as ComfyUI computes it: LoRA/LoCon and LoHa
+    flattened to ``(out, in * kh * kw)``, LoKr as the Kronecker product of its factors' shapes."""
+    alpha = t["alpha"].item() if "alpha" in t else None
+    if "diff" in t:
+        return t["diff"]
+    if "lora_up.weight" in t:
+        down = t["lora_down.weight"]
+        diff = t["lora_up.weight"].flatten(1) @ down.flatten(1)
+        scale = alpha / down.shape[0] if alpha is not None else 1.0
+    elif "hada_w1_a" in t:
+        diff = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
+        scale = alpha / t["hada_w1_b"].shape[0] if alpha is not None else 1.0
+    else:
+        diff, scale = _lokr(t, alpha)
+    return diff * scale
+
+
+def module_factors(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(up, down)`` whose product is ``module_delta(t)`` flattened to ``(out, in * kh * kw)``, exactly;
+    None for a full ``diff``. LoRA/LoCon: its own factors, alpha / rank folded into down. LoHa
+    ``(A1 B1) * (A2 B2)``: the row-wise products of A1, A2 and of B1, B2 (rank r1 r2). LoKr
+    ``kron(w1, w2)``: ``kron(u1, u2) @ kron(d1, d2)`` of each factor's split (a full factor is
+    itself times an identity on its shorter side)."""
+    alpha = t["alpha"].item() if "alpha" in t else None
+    if "diff" in t:
+        return None
+    if "lora_up.weight" in t:
+        up, down = t["lora_up.weight"].flatten(1), t["lora_down.weight"].flatten(1)
+    elif "hada_w1_a" in t:
+        a1, b1, a2, b2 = (t[part].flatten(1) for part in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"))
+        up = (a1[:, :, None] * a2[:, None, :]).flatten(1)
+        down = (b1[:, None, :] * b2[None, :, :]).flatten(0, 1)
+        rank = b1.shape[0]
+    else:
+        (u1, d1), rank1 = _split(t, "lokr_w1")
+        (u2, d2), rank2 = _split(t, "lokr_w2")
+        up, down, rank = torch.kron(u1, u2), torch.kron(d1, d2), rank2 if rank2 is not None else rank1
+    if "lora_up.weight" in t:
+        rank = down.shape[0]
+    scale = alpha / rank if alpha is not None and rank is not None else 1.0
+    return up, down * scale
+
+
+def _split(t: dict[str, torch.Tensor], name: str) -> tuple[tuple[torch.Tensor, torch.Tensor], int | None]:
+    """((up, down), rank) of a LoKr factor: its two parts, or a full one beside an identity."""
+    if name in t:
+        w = t[name].flatten(1)
+        eye = torch.eye(min(w.shape), dtype=w.dtype, device=w.device)
+        return ((eye, w) if w.shape[0] <= w.shape[1] else (w, eye)), None
+    return (t[f"{name}_a"].flatten(1), t[f"{name}_b"].flatten(1)), t[f"{name}_b"].shape[0]
+
+
+def patched_shape(parts: Mapping[str, tuple[int, ...]]) -> tuple[int, int]:
+    """(out, in * kh * kw) of the weight a module patches, from its factors' shapes by part name (the
+    headers are enough: nothing is read)."""
+    def flat(shape: tuple[int, ...]) -> int:
+        return int(torch.Size(shape[1:]).numel())
+    if "lora_up.weight" in parts:
+        return parts["lora_up.weight"][0], flat(parts["lora_down.weight"])
+    if "hada_w1_a" in parts:
+        return parts["hada_w1_a"][0], parts["hada_w1_b"][1]
+    if "diff" in parts:
+        return parts["diff"][0], flat(parts["diff"])
+    w1 = parts.get("lokr_w1") or (parts["lokr_w1_a"][0], parts["lokr_w1_b"][1])
+    w2 = parts.get("lokr_w2") or (parts["lokr_w2_a"][0], parts["lokr_w2_b"][1])
+    return w1[0] * w2[0], w1[1] * flat(w2)
 
 
 def _base_view(base: object) -> tuple[list[str], object]:

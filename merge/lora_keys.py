@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .architectures import BY_ID
+
 UNET = "model.diffusion_model."
 TEXT_ENCODERS = (("cond_stage_model.transformer.", "lora_te_"),
                  ("conditioner.embedders.0.transformer.", "lora_te1_"))
@@ -126,3 +128,39 @@ def _resnet_part(part: str) -> str:
         if part == ldm or part.startswith(ldm + "."):
             return diffusers + part[len(ldm):]
     return part
+
+
+_LDM = re.compile(r"(input_blocks|output_blocks)_(\d+)_(\d+)_|middle_block_(\d+)_")
+
+
+def block_key(arch: str, module: str, prefixes: tuple[str, ...] = ("lora_unet_",)) -> str:
+    """A checkpoint key in the block that LoRA module ``module`` patches, for merge/blocks.py's
+    ``block_of`` (block weights on a LoRA without its base model): text-encoder modules lie in BASE,
+    LDM and diffusers UNet names in their IN/M/OUT block, other families' indexed blocks
+    (``double_blocks_3_...``) in theirs. A name it cannot place is returned under the diffusion
+    model's prefix as it is (its family's tail block, or a block of its own name)."""
+    body = next((module[len(p):] for p in prefixes if module.startswith(p)), None)
+    if body is None or module.startswith(tuple(kohya for _, kohya in TEXT_ENCODERS)):
+        return "cond_stage_model." + module
+    if arch in LAYOUTS:
+        if m := _LDM.match(body + "_"):
+            where = f"middle_block.{m[4]}" if m[4] else f"{m[1]}.{m[2]}.{m[3]}"
+            return f"{UNET}{where}.{body[m.end():]}"
+        for ldm, diffusers in sorted(LAYOUTS[arch].blocks().items(), key=lambda kv: -len(kv[1])):
+            if (body + "_").startswith(diffusers.replace(".", "_") + "_"):
+                return f"{UNET}{ldm}.{body[len(diffusers) + 1:]}"
+        for ldm, aliases in BASIC.items():
+            if any(body.startswith(a.replace(".", "_")) for a in aliases):
+                return f"{UNET}{ldm}.weight"
+        return UNET + body
+    return UNET + _dotted_groups(arch, body)
+
+
+def _dotted_groups(arch: str, body: str) -> str:
+    """``double_blocks_3_img_attn_qkv`` -> ``double_blocks.3.img_attn_qkv`` for ``arch``'s groups."""
+    family = BY_ID.get(arch)
+    for template, _ in family.groups if family is not None else ():
+        stem = template.removesuffix(".{n}")
+        if m := re.match(re.escape(stem.replace(".", "_")) + r"_(\d+)(?:_|$)", body):
+            return f"{stem}.{m[1]}.{body[m.end():]}"
+    return body

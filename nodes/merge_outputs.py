@@ -1,6 +1,7 @@
 """Where a recipe goes: Merge (MODEL, CLIP, VAE in the graph, no file), Save Merge (a checkpoint in the
-output folder), Extract LoRA (a LoRA in the loras folder), and Clear Merge Cache. The work is in
-nodes/merge_runtime.py; docs/design-merge-nodes.md has the data flow."""
+output folder), Extract LoRA (a LoRA in the loras folder), Merge LoRA Stack (LoRAs into one LoRA in the
+loras folder), and Clear Merge Cache. The work is in nodes/merge_runtime.py; docs/design-merge-nodes.md
+has the data flow."""
 
 from __future__ import annotations
 
@@ -161,6 +162,51 @@ class PatchbayMergeExtractLora:
         return {"ui": {"text": [text, *report.warnings]}, "result": (model, clip, name)}
 
 
+class PatchbayMergeLoraStack:
+    NODE_ID = "PatchbayMergeLoraStack"
+    DISPLAY_NAME = "Merge LoRA Stack (Patchbay)"
+    DESCRIPTION = ("Merges several LoRAs (strengths, block weights) into one LoRA of the loras folder: their "
+                   "factors joined exactly, then cut to a rank or energy per module; reports each module's "
+                   "error and where the LoRAs pull in opposite directions.")
+    FUNCTION = "merge"
+    CATEGORY = CATEGORY
+    OUTPUT_NODE = True
+    RETURN_TYPES = ("MODEL", "CLIP", "STRING", "STRING")
+    RETURN_NAMES = ("model", "clip", "lora_name", "report")
+    OUTPUT_TOOLTIPS = (*PatchbayMergeExtractLora.OUTPUT_TOOLTIPS,
+                       "Per module: rank kept, relative truncation error, opposed LoRAs (cosine < 0).")
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        extract = PatchbayMergeExtractLora.INPUT_TYPES()
+        lines = ("One LoRA a line: name.safetensors: strength[, clip strength] [| block map], e.g.\n"
+                 "ink.safetensors: 0.8\nstyle.safetensors: -0.5, 0 | OUT*=0, default=1")
+        required = {k: v for k, v in extract["required"].items() if k not in ("recipe", "conv_rank")}
+        filename = ("STRING", {"default": "patchbay-lora-stack",
+                               "tooltip": "Name in the loras folder (.safetensors added)."})
+        return {
+            "required": {"loras": ("STRING", {"multiline": True, "default": "", "tooltip": lines}),
+                         **required, "filename": filename},
+            "optional": {"lora_stack": ("LORA_STACK", {"tooltip": "Another pack's LoRA stack: its LoRAs "
+                                                                  "are merged after the lines above."}),
+                         **{k: v for k, v in extract["optional"].items() if k != "architecture_policy"}},
+        }  # LoRAs of different families are always refused (merge/lora_stack.py): no policy to choose
+
+    def merge(self, loras: str, filename: str, if_exists: str = "number", size_by: str = "rank",
+              rank: int = 32, energy: float = 0.9, dtype: str = "fp16", lora_stack: Any = None,
+              model: ModelPatcher | None = None, clip: CLIP | None = None, strength_model: float = 1.0,
+              strength_clip: float = 1.0) -> dict:
+        size = {"rank": rank, "energy": None} if size_by == "rank" else {"rank": None, "energy": energy}
+        name, report = merge_runtime.merge_lora_stack(loras, lora_stack, filename, if_exists, dtype=dtype,
+                                                      **size)
+        if model is not None or clip is not None:
+            model, clip = merge_runtime.apply_lora(model, clip, name, strength_model, strength_clip)
+        lines = report.lines()
+        text = "\n".join([*lines, *(f"{m.name}: rank {m.rank}/{m.full_rank}, error {m.error:.4f}"
+                                    for m in report.modules.values())])
+        return {"ui": {"text": lines}, "result": (model, clip, name, text)}
+
+
 class PatchbayMergeCacheClear:
     NODE_ID = "PatchbayMergeCacheClear"
     DISPLAY_NAME = "Clear Merge Cache (Patchbay)"
@@ -186,4 +232,5 @@ class PatchbayMergeCacheClear:
         return {"ui": {"text": [text]}}
 
 
-NODES = [PatchbayMerge, PatchbayMergeSave, PatchbayMergeExtractLora, PatchbayMergeCacheClear]
+NODES = [PatchbayMerge, PatchbayMergeSave, PatchbayMergeExtractLora, PatchbayMergeLoraStack,
+         PatchbayMergeCacheClear]

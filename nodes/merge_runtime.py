@@ -222,9 +222,59 @@ def extract(recipe: object, filename: str, if_exists: str, **fields: Any) -> tup
 
     path = merge_files.lora_file(filename, if_exists)
     report = extract_lora(recipe, path, extract_options(overwrite=if_exists == "overwrite", **fields))
-    getattr(folder_paths, "filename_list_cache", {}).pop("loras", None)  # listed at the next queue
+    return _listed_lora(path), report
+
+
+def merge_lora_stack(text: str, stack: Any, filename: str, if_exists: str, **fields: Any) -> tuple[str, Any]:
+    """The Merge LoRA Stack node: the LoRAs of ``text`` (one a line, ``name: strength[, clip strength]
+    [| block map]``) and of a LORA_STACK merged into one LoRA of the loras folder; (its name in the
+    loras list, merge/lora_stack.py's report)."""
+    from ..merge import lora_stack
+
+    entries = [*_text_entries(text), *_stack_entries(stack)]
+    path = merge_files.lora_file(filename, if_exists)
+    options = lora_stack.StackOptions(overwrite=if_exists == "overwrite", on_progress=_progress(),
+                                      check=comfy.model_management.throw_exception_if_processing_interrupted,
+                                      **fields)
+    return _listed_lora(path), lora_stack.merge_lora_stack(entries, path, options)
+
+
+def _text_entries(text: str) -> list[Any]:
+    from ..hooks.block_weights import parse_block_map
+    from ..merge.lora_stack import StackEntry, StackError
+
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        body, _, blocks = line.split("#", 1)[0].partition("|")
+        name, _, numbers = body.strip().rpartition(":") if ":" in body else (body.strip(), "", "1")
+        if not name.strip():
+            continue
+        try:
+            strengths = [float(n) for n in numbers.split(",")]
+        except ValueError:
+            strengths = []
+        if not 1 <= len(strengths) <= 2:
+            raise StackError(f"LoRA line {number} {line.strip()!r}: write name.safetensors: strength[, clip "
+                             f"strength] [| block map], e.g. ink.safetensors: 0.8 | OUT*=0, default=1")
+        block_map = parse_block_map(blocks) if blocks.strip() else None
+        path = merge_files.model_file(f"loras/{name.strip()}")
+        entries.append(StackEntry(path, *strengths, blocks=block_map))
+    return entries
+
+
+def _stack_entries(stack: Any) -> list[Any]:
+    from ..hooks.lora_stack import stack_entries
+    from ..merge.lora_stack import StackEntry
+
+    return [StackEntry(merge_files.model_file(f"loras/{e.name}"), e.strength_model, e.strength_clip)
+            for e in stack_entries(stack)]
+
+
+def _listed_lora(path: Path) -> str:
+    """``path``'s name in the loras list, which is refreshed so the new file shows at the next queue."""
+    getattr(folder_paths, "filename_list_cache", {}).pop("loras", None)
     root = Path(folder_paths.get_folder_paths("loras")[0])
-    return path.relative_to(root).as_posix(), report
+    return path.relative_to(root).as_posix()
 
 
 def apply_lora(model: Any, clip: Any, name: str, strength_model: float, strength_clip: float) -> tuple:
