@@ -10,8 +10,8 @@ ComfyUI's LoraLoader applies it. The stack's delta is the sum, held as two facto
 side (``U``, out x R) and the scaled downs stacked (``D``, R x in), R = the sum of the ranks, so
 ``U @ D`` is the sum exactly. Truncation never forms it: QR of ``U`` and of ``D^T``, SVD of the small
 core ``R_u @ R_d^T``, the top singular vectors rotated back (merge/extract.py's ``truncate`` splits the
-singular values between up and down). LoHa, LoKr and full ``diff`` modules have no such factors: their
-exact delta (merge/lora.py's ``module_delta``) joins the sum, which is then SVD'd whole. LoCon
+singular values between up and down). LoHa and LoKr join as exact factors too (lora.module_factors);
+a full ``diff`` module has none: its exact delta (``module_delta``) joins the sum, SVD'd whole. LoCon
 convolutions are flattened to ``out x in*kh*kw`` and written back as ``up (out, r, 1, 1)``,
 ``down (r, in, kh, kw)``. Tucker cores and DoRA are refused by module.
 
