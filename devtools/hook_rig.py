@@ -1,6 +1,7 @@
 """The t1 hook tests' shared rig: the tiny SD1.5 checkpoint, prompts, a 4-step euler sampler, hooked
 conditioning built with core's own nodes, and the tolerance they compare latents with (1e-4 x max
-|latent|, fp32). tests/test_t1_hook_engine.py, test_t1_hook_nodes.py and test_t1_merge_hook.py use it.
+|latent|, fp32). tests/test_t1_hook_engine.py, test_t1_hook_nodes.py and test_t1_merge_hook.py use it;
+the compile tests use devtools/compile_attention.py.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ class Rig:
         self.engine_module = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
 
     def encode(self, text):
-        return self.n["CLIPTextEncode"]().encode(self.clip, text)[0]
+        """CLIPTextEncode of ``text`` with the rig's CLIP, encoded once per text (nodes copy a
+        conditioning before they change it)."""
+        encoded = self.__dict__.setdefault("_encoded", {})
+        if text not in encoded:
+            encoded[text] = self.n["CLIPTextEncode"]().encode(self.clip, text)[0]
+        return encoded[text]
 
     def fast(self, model=None, cache_mb=2048.0):
         return self.n["PatchbayHookEngine"]().enable(model or self.model, cache_mb)[0]
@@ -41,6 +47,13 @@ class Rig:
         sampler = self.n["KSampler"]()
         (out,) = sampler.sample(model, seed, steps, 7.0, "euler", "normal", pos, neg, self.latent)
         return out["samples"]
+
+    def plain(self):
+        """The unhooked model's latent for the positive prompt: sampled once per rig (a fixed seed gives
+        the same latent bit for bit on the CPU), a copy each call."""
+        if getattr(self, "_plain", None) is None:
+            self._plain = self.sample(self.model, self.pos)
+        return self._plain.clone()
 
     def hook(self, lora, strength=1.0, schedule=None):
         (hooks,) = self.n["CreateHookLora"]().create_hook(lora, strength, strength)
@@ -65,3 +78,4 @@ def assert_close(actual, expected, what):
     tolerance = 1e-4 * expected.abs().max().item()
     diff = (actual - expected).abs().max().item()
     assert diff <= tolerance, f"{what}: max |diff| {diff:.3g} > {tolerance:.3g}"
+

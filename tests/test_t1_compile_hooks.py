@@ -24,6 +24,7 @@ import sys
 
 import pytest
 import torch
+from compile_attention import with_pytorch_attention
 
 pytestmark = pytest.mark.t1
 
@@ -47,23 +48,6 @@ def graphs() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
-
-
-def with_pytorch_attention(model):
-    """A clone that runs ComfyUI's PyTorch attention, as on a GPU, so the UNet compiles as one graph.
-
-    On the CPU ComfyUI picks sub-quadratic attention, which asks psutil for the free memory: a graph
-    break in every attention, 48 graphs and about 2.5x the compile time (tests/test_t1_compile.py
-    compiles that way).
-    """
-    import comfy.ldm.modules.attention as attention
-
-    def pytorch_attention(func, *args, **kwargs):
-        return attention.attention_pytorch(*args, **kwargs)
-
-    clone = model.clone()
-    clone.model_options["transformer_options"]["optimized_attention_override"] = pytorch_attention
-    return clone
 
 
 class Rig:

@@ -144,7 +144,7 @@ def stored_weights(model):
         if not (quantized or getattr(weight, "dtype", None) == tiny_quant.FP8):
             continue
         data = getattr(weight, "_qdata", weight)
-        digest = hashlib.sha256(data.detach().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        digest = hashlib.sha256(data.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
         out[name] = (type(weight), weight.dtype, data.data_ptr(), digest)
     return out
 

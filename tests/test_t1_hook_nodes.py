@@ -80,7 +80,7 @@ def assert_same_as_core(rig, hooks, core_hooks, what, neg_too=False):
         return rig.with_hooks(rig.pos, h), (rig.with_hooks(rig.neg, h) if neg_too else rig.neg)
 
     expected = rig.sample(rig.model, *conds(core_hooks))
-    plain = rig.sample(rig.model, rig.pos)
+    plain = rig.plain()
     assert (expected - plain).abs().max() > 1e-3 * plain.abs().max(), f"{what}: the hook has no effect"
     assert_close(rig.sample(rig.model, *conds(hooks)), expected, f"{what} on core's path")
     assert_close(rig.sample(rig.fast_model, *conds(hooks)), expected, f"{what} on the fast engine")
@@ -417,7 +417,7 @@ def test_block_weights_scale_by_block(rig):
     assert len(without_up) < len(lora_file(rig, LORA))
     assert_same_as_core(rig, no_out, core_hook_from(without_up), "block weights OUT*=0")
     (off,) = weigh(ours, rig.model, "default=0", "auto")
-    plain = rig.sample(rig.model, rig.pos)
+    plain = rig.plain()
     assert_close(rig.sample(rig.fast_model, rig.with_hooks(rig.pos, off)), plain, "block weights default=0")
 
 

@@ -63,7 +63,7 @@ def test_recipe_hook_at_strength_1_samples_the_merged_model_and_at_0_the_base(ri
     recipe, base = rig.merge()
     merged, _, _ = rig.run("PatchbayMerge", "merge", recipe, cache_mb=0)["result"]
     expected = rig.sample(merged, rig.pos)
-    plain = rig.sample(rig.model, rig.pos)
+    plain = rig.plain()
     assert (expected - plain).abs().max() > 0.05 * plain.abs().max(), "the merge matters"
     core_path, fast = rig.on_both_paths(rig.recipe_hook(recipe, base))
     assert_close(core_path, expected, "recipe hook at 1 on core's hook path vs Merge")
