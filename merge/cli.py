@@ -81,6 +81,7 @@ MERGE_FLAGS = (
     ("dtype", "(%(default)s)"),
     ("device", "where the math runs: cpu, cuda, ... (%(default)s)"),
     ("threads", "torch threads for the math (%(default)s)"),
+    ("workers", "threads evaluating a large elementwise key side by side, at most one per CPU (%(default)s)"),
     ("memory_budget_mb", "read-ahead + intermediates (%(default)s)"),
     ("shape_policy", "(%(default)s)"),
     ("missing_policy", "(%(default)s)"),

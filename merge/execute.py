@@ -12,8 +12,10 @@ Speed comes from not touching memory twice: methods flagged elementwise (weighte
 add_difference, n_average, ...) run on slices of 64K elements cast to fp32 into reused buffers, so
 the working set stays in cache, the allocator never faults fresh pages and no full-size fp32 copy
 exists. Every other method gets whole fp32 tensors. Results are cast once into a reused output
-buffer. The math runs on one torch thread by default: on a small machine the reader and writer
-threads need the other cores, and an oversubscribed OpenMP pool is many times slower.
+buffer. The math runs on one torch thread by default (an oversubscribed OpenMP pool is many times
+slower, and on 64K-element slices a 2-thread pool gains nothing); a large elementwise key is cut into
+``workers`` spans (2 by default) evaluated side by side, as torch releases the GIL inside each
+operation.
 
 Devices: ``device="cuda"`` moves each key's inputs to the GPU and runs whole-tensor evaluation
 there (untested here: the development machine has no GPU).

@@ -3,7 +3,8 @@
 Three threads share the work and never hold more than a few keys: the reader maps the next units'
 input tensors from their files (``SafetensorsFile.map``: read in place from the page cache, its page
 faults taken in the reader, GIL released) and computes LoRA deltas, at most ``prefetch + 1`` units
-ahead; the calling thread evaluates the recipe into one of two to six reused output buffers; the
+ahead; the calling thread evaluates the recipe into one of two to six reused output buffers (a large
+elementwise key in spans, side by side with ``MergeOptions.workers - 1`` math threads); the
 writer checks each finished tensor (merge/checks.py), caches it and appends it to the temporary
 output file (starting its writeback to disk as it goes). Deep queues matter on a busy machine: a
 thread that was not scheduled for a while catches up without stalling the others.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -80,8 +82,9 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
     out_bytes = max((math.prod(p.shape) * p.dtype.itemsize for p in plans), default=ALIGN)
     outs = max(OUT_BUFFERS[0], min(OUT_BUFFERS[1], (budget // 4) // out_bytes))  # a quarter of the budget
     spill = Spill(spill_dir or options.spill_dir or Path(sink.path).parent)
+    workers = max(1, min(options.workers, os.cpu_count() or 1))
     evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources, cache=cache, salt=salt,
-                          check=options.check)
+                          check=options.check, workers=workers)
     pipe = _Pipeline(sources, units, sink, slots, outs, out_bytes)
     previous_threads = torch.get_num_threads()
     if options.threads > 0:
@@ -102,6 +105,7 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
         pipe.finish()
     finally:
         pipe.stop()
+        evaluator.close()
         torch.set_num_threads(previous_threads)
         report.spilled_bytes = spill.spilled_bytes
         spill.close()

@@ -43,7 +43,9 @@ class MergeError(ValueError):
 class MergeOptions:
     """How to run a merge (see the module docstring for the policies).
 
-    ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``device``: where
+    ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``workers``: threads
+    that evaluate one large elementwise key (weighted_sum, add_difference, ...) in spans side by side,
+    the calling thread among them (at most one per CPU; 1: the calling thread alone). ``device``: where
     the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds what the merge holds
     besides torch itself: the inputs of the keys read ahead (up to ``prefetch`` keys besides the one
     being merged; one key, no read-ahead, when a key's inputs are larger) get a quarter, the output
@@ -63,6 +65,7 @@ class MergeOptions:
     dtype: str = "fp16"
     device: str = "cpu"
     threads: int = 1
+    workers: int = 2
     memory_budget_mb: int = 1024
     overwrite: bool = False
     shape_policy: str = "overlap"

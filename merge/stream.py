@@ -1,11 +1,15 @@
 """Evaluating a compiled recipe for one key, and the spill file for intermediates over budget.
 
-``Evaluator`` evaluates one key either on whole fp32 tensors or, for trees of elementwise methods,
-slice by slice through small reused fp32 buffers (cache-resident, no page faults, no full-size
-fp32 copies). A param-space call given as a parameter is evaluated like a tensor input, in both
-modes. A method that raises on a key becomes a ``MethodError`` naming the key, the method and its
-parameters. When the intermediates of one key exceed the memory budget they are spilled to a
-temporary file next to the output and read back just before the method that needs them.
+``Evaluator`` evaluates one key either on whole fp32 tensors or, for trees of elementwise methods, slice by
+slice through small reused fp32 buffers (cache-resident, no page faults, no full-size fp32 copies). With
+``workers`` > 1 a large key's element range is cut into that many spans (at slice boundaries) evaluated side
+by side, the calling thread taking the first: torch releases the GIL inside each operation, so two single-
+threaded workers on a 2-core machine take about 0.6x the time of one (measured on SD1.5's UNet, fp16 in and
+out), where a 2-thread torch pool on 64K-element slices gains nothing. Elementwise methods are pure, so the
+result is the same bit for bit. A param-space call given as a parameter is evaluated like a tensor input, in
+both modes. A method that raises on a key becomes a ``MethodError`` naming the key, the method and its
+parameters. When the intermediates of one key exceed the memory budget they are spilled to a temporary file
+next to the output and read back just before the method that needs them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,8 @@ import torch
 from .context import KeyContext
 from .io import ALIGN
 from .steps import Call, Graph, Leaf
+
+SPLIT_SLICES = 8  # slices per worker below which a key is evaluated in one span (a hand-off costs ~0.1 ms)
 
 
 class MethodError(ValueError):
@@ -32,11 +39,19 @@ class Evaluator:
 
     def __init__(self, graph: Graph, shape_policy: str, spill: Spill | None = None, spill_limit: int = 0,
                  sources: list | None = None, cache: Any = None, salt: tuple = (),
-                 check: Callable[[], None] | None = None) -> None:
+                 check: Callable[[], None] | None = None, workers: int = 1) -> None:
         self.graph, self.shape_policy, self.spill, self.spill_limit = graph, shape_policy, spill, spill_limit
         self.sources = sources or []
         self.cache, self.salt, self.check = cache, salt, check  # MergeCache for intermediates; interrupt
-        self._chunk_buffers: list[torch.Tensor] = []
+        self.workers = max(1, workers)
+        self._chunk_buffers: list[list[torch.Tensor]] = [[] for _ in range(self.workers)]
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the span workers (if any ran); the evaluator can still evaluate afterwards."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     # -- whole tensors ----------------------------------------------------------------------------
 
@@ -106,21 +121,49 @@ class Evaluator:
     # -- elementwise slices -------------------------------------------------------------------------
 
     def evaluate_chunked(self, root: Any, raw: list, ctx: KeyContext, out: torch.Tensor, chunk: int) -> None:
-        """Evaluate an elementwise tree slice by slice into ``out`` (flat, output dtype)."""
+        """Evaluate an elementwise tree slice by slice into ``out`` (flat, output dtype); a key of at
+        least ``SPLIT_SLICES`` slices per worker is cut into spans evaluated side by side."""
         prepared: dict[int, tuple[dict, KeyContext]] = {}
         leaf_count = self._prepare(root, ctx, prepared)
-        while len(self._chunk_buffers) < leaf_count:
-            self._chunk_buffers.append(torch.empty(chunk, dtype=torch.float32))
         flat = [0.0 if r is None else r.reshape(-1) for r in raw]  # None: a delta source without the key
         total = out.numel()
-        for number, start in enumerate(range(0, total, chunk)):
+        slices = -(-total // chunk)
+        spans = min(self.workers, slices // SPLIT_SLICES) or 1
+        bounds = [total * i // spans // chunk * chunk for i in range(spans)] + [total]
+        for buffers in self._chunk_buffers[:spans]:
+            while len(buffers) < leaf_count:
+                buffers.append(torch.empty(chunk, dtype=torch.float32))
+        if spans == 1:
+            self._evaluate_span(root, flat, prepared, out, 0, total, chunk, self._chunk_buffers[0], ctx.key)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers - 1, thread_name_prefix="patchbay-merge-math")
+        inference = torch.is_inference_mode_enabled()
+        futures = [self._pool.submit(self._evaluate_span_in_mode, inference, root, flat, prepared, out,
+                                     bounds[i], bounds[i + 1], chunk, self._chunk_buffers[i], ctx.key)
+                   for i in range(1, spans)]
+        try:
+            self._evaluate_span(root, flat, prepared, out, bounds[0], bounds[1], chunk,
+                                self._chunk_buffers[0], ctx.key)
+        finally:  # the other spans finish (or fail) before their buffers or inputs can be reused
+            errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _evaluate_span_in_mode(self, inference: bool, *args: Any) -> None:
+        with torch.inference_mode(inference):  # as the calling thread (ComfyUI runs nodes in it)
+            self._evaluate_span(*args)
+
+    def _evaluate_span(self, root: Any, flat: list, prepared: dict, out: torch.Tensor, begin: int, stop: int,
+                       chunk: int, buffers: list[torch.Tensor], key: str) -> None:
+        for number, start in enumerate(range(begin, stop, chunk)):
             if self.check is not None and number % 64 == 63:
                 self.check()
-            end = min(total, start + chunk)
-            counter = iter(self._chunk_buffers)
-            result = self._slice(root, flat, start, end, prepared, counter)
+            end = min(stop, start + chunk)
+            result = self._slice(root, flat, start, end, prepared, iter(buffers))
             if result.numel() != end - start:
-                raise RuntimeError(f"{ctx.key}: an elementwise method changed the element count")
+                raise RuntimeError(f"{key}: an elementwise method changed the element count")
             out[start:end].copy_(result.reshape(-1))
 
     def _prepare(self, step: Any, ctx: KeyContext, prepared: dict) -> int:

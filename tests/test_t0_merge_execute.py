@@ -421,3 +421,85 @@ def test_component_picking_and_fallback_drop_and_fill_keys(m, tmp_path):
     filled, original = load_file(str(tmp_path / "filled.safetensors")), load_file(str(a))
     bias = "model.diffusion_model.input_blocks.0.0.bias"
     assert torch.equal(filled[bias], original[bias]) and len(filled) == len(SHAPES) + 1
+
+
+ELEMENTWISE = ("weighted_sum", "add_difference", "n_average", "mask_param")
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_two_workers_write_the_bytes_one_writes(m, abc, tmp_path, name):
+    """At chunk_elements=256 the (300, 70) key has 83 slices: two spans, one per worker thread."""
+    R = m.recipe
+    recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
+    outs = []
+    for workers in (1, 2):
+        outs.append(tmp_path / f"out-{workers}.safetensors")
+        m.execute.merge(recipe, outs[-1], opts(m, chunk_elements=256, workers=workers))
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+
+
+def spans_recipe(m, abc, fn):
+    """``fn(a, b, *, ctx)`` registered as an elementwise method (evaluated slice by slice, so in spans)."""
+    from merge.context import KeyContext
+
+    fn.__annotations__ = {"a": m.registry.Weight, "b": m.registry.Weight, "ctx": KeyContext,
+                          "return": m.registry.Weight}
+    m.registry.merge_method(fn, elementwise=True)
+    return m.recipe.call(fn.__name__, m.recipe.model(str(abc[0])), m.recipe.model(str(abc[1])))
+
+
+def test_a_large_key_is_evaluated_in_two_threads_and_small_keys_in_one(m, abc, tmp_path):
+    import threading
+
+    seen: dict[str, set] = {}
+    with m.registry.scope():
+        def where(a, b, *, ctx):
+            """Records the threads that evaluate each key."""
+            if a.device.type != "meta":
+                seen.setdefault(ctx.key, set()).add(threading.current_thread().name)
+            return a
+
+        recipe = spans_recipe(m, abc, where)
+        m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, chunk_elements=256, workers=2))
+    large = "model.diffusion_model.out.2.weight"
+    assert seen.pop(large) == {"MainThread", "patchbay-merge-math_0"}
+    assert seen and all(threads == {"MainThread"} for threads in seen.values()), seen
+
+
+@pytest.mark.parametrize("exception", [RuntimeError, KeyboardInterrupt])
+def test_an_error_in_the_second_span_stops_the_merge_and_leaves_no_file(m, abc, tmp_path, exception):
+    import threading
+
+    with m.registry.scope():
+        def fails_off_the_calling_thread(a, b, *, ctx):
+            """Fails in a span worker."""
+            if a.device.type != "meta" and threading.current_thread().name.startswith("patchbay-merge-math"):
+                raise exception("boom in a span")
+            return a
+
+        recipe = spans_recipe(m, abc, fails_off_the_calling_thread)
+        expected = m.stream.MethodError if exception is RuntimeError else exception
+        with pytest.raises(expected, match=r"out\.2\.weight: fails_off_the_calling_thread\(\) failed: boom"
+                           if expected is m.stream.MethodError else "boom in a span"):
+            m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, chunk_elements=256, workers=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors"]
+
+
+def test_an_interrupt_checked_in_a_span_worker_stops_the_merge(m, abc, tmp_path):
+    """``MergeOptions.check`` (ComfyUI's interrupt) runs in the span workers too."""
+    import threading
+
+    class Stop(Exception):
+        pass
+
+    def check():
+        if threading.current_thread().name.startswith("patchbay-merge-math"):
+            raise Stop("interrupted")
+
+    shapes = {**SHAPES, "model.diffusion_model.out.2.weight": (640, 640)}  # 200 slices per span
+    paths = [make_model(tmp_path / f"{n}.safetensors", seed, shapes) for n, seed in (("a", 1), ("b", 2))]
+    recipe = m.recipe.weighted_sum(*(m.recipe.model(str(p)) for p in paths), alpha=0.5)
+    with pytest.raises(Stop, match="interrupted"):
+        m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, chunk_elements=1024, workers=2,
+                                                                  check=check))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors"]
