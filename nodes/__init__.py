@@ -14,6 +14,7 @@ from . import (
     hook_preview,
     hook_regional,
     hooks,
+    merge_grid,
     merge_hook,
     merge_inputs,
     merge_methods,
@@ -24,7 +25,7 @@ from . import (
 )
 
 _MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, hook_preview, patcher,
-            merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_hook)
+            merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_grid, merge_hook)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

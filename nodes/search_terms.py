@@ -47,6 +47,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "PatchbayMerge": ("merge", "merge models", "merge checkpoints", "model merge", "sd-mecha"),
     "PatchbayMergeSave": ("save merge", "save merged checkpoint", "merge to file"),
     "PatchbayMergeExtractLora": ("extract lora", "lora from merge", "merge to lora"),
+    "PatchbayMergeGrid": ("merge grid", "xy plot", "merge xy", "alpha grid", "compare merges", "supermerger"),
     "PatchbayMergeLoraStack": ("merge lora stack", "lora stack to one lora", "combine loras", "lora merge"),
     "PatchbayMergeCacheClear": ("clear merge cache", "merge cache"),
     "PatchbayMergeCheckpoint": ("merge input", "merge checkpoint"),

@@ -1,0 +1,187 @@
+"""Merge Grid: one recipe, up to two parameter axes, every variant merged, sampled and laid out in one
+labelled image (SuperMerger's XY plot in the graph).
+
+Data flow::
+
+    recipe, x/y axis (name + values text)
+      -> parse_values(text)                 numbers, or one parameter map per line (Key Patterns syntax)
+      -> merge.grid.variants(recipe, x, y)  one recipe per cell, row by row (checked before any merge)
+      -> per variant: merge_runtime.merge_models (through the merge cache: only keys whose values changed
+         are recomputed), CLIPTextEncode with the merged text encoder (or the clip input), KSampler's
+         common_ksampler with the same seed, VAE decode; the variant's models are dropped before the next,
+         so memory stays that of one merge
+      -> compose(images, labels)            the grid IMAGE, plus each variant's recipe as text
+
+The axes and values are checked before the first merge (names with did-you-mean, more than 64 variants
+refused unless allow_large_grid); Cancel stops within one key of a merge or one step of a sampling run.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from typing import Any
+
+import comfy.model_management
+import comfy.samplers
+import comfy.utils
+import numpy as np
+import torch
+
+from ..merge import grid
+from . import merge_runtime
+from .merge_inputs import LATER, pattern_map
+from .merge_outputs import _COMMON, _POLICY, RECIPE, _fields
+from .merge_recipes import recipe_to_text
+
+LABEL_PX = 20  # height of the label band above each cell
+
+
+def parse_values(text: str, axis: str) -> list[Any]:
+    """An axis' values: numbers (commas, semicolons or new lines between them), or one parameter map per
+    line when the text has ``=`` or ``{`` (``IN*=0.2, default=1`` or a JSON object, as Key Patterns)."""
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return []
+    if not any("=" in line or "{" in line for line in lines):
+        values = []
+        for item in (i.strip() for i in re.split(r"[,;\n]", "\n".join(lines))):
+            if not item:
+                continue
+            try:
+                values.append(float(item))
+            except ValueError:
+                raise ValueError(f"{axis}_values: {item!r} is not a number; give numbers (0.2, 0.5, 0.8) or "
+                                 f"one map per line (IN*=0.2, default=1)") from None
+        return values
+    try:
+        return [pattern_map(line, LATER) for line in lines]
+    except ValueError as error:
+        raise ValueError(f"{axis}_values: {error}") from None
+
+
+def compose(images: list[torch.Tensor], labels: list[tuple[str, ...]], columns: int) -> torch.Tensor:
+    """One IMAGE [1, H, W, 3]: the cells row by row, each under a band with its labels."""
+    from PIL import Image, ImageDraw
+
+    height, width = images[0].shape[0], images[0].shape[1]
+    rows = -(-len(images) // columns)
+    canvas = Image.new("RGB", (columns * width, rows * (height + LABEL_PX)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        x, y = (index % columns) * width, (index // columns) * (height + LABEL_PX)
+        pixels = (image[..., :3].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+        canvas.paste(Image.fromarray(pixels), (x, y + LABEL_PX))
+        draw.text((x + 3, y + 4), "  ".join(label), fill="black")
+    return torch.from_numpy(np.asarray(canvas).copy()).float().div(255).unsqueeze(0)
+
+
+class PatchbayMergeGrid:
+    NODE_ID = "PatchbayMergeGrid"
+    DISPLAY_NAME = "Merge Grid (Patchbay)"
+    DESCRIPTION = ("Merges a recipe once per value of one or two parameters (alpha 0.2, 0.5, 0.8 x three "
+                   "block maps), samples each with the same seed and returns one labelled grid image and "
+                   "each variant's recipe. The merge cache recomputes only the keys a value changes.")
+    FUNCTION = "run"
+    CATEGORY = "Patchbay/merge"
+    RETURN_TYPES = ("IMAGE", "STRING")
+    RETURN_NAMES = ("grid", "recipes")
+    OUTPUT_TOOLTIPS = ("The variants row by row (y down, x across), each under its labels.",
+                       "Each variant's recipe as .mecha text, after a '# x=..., y=...' line.")
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        axis = ("A free parameter of the recipe (&alpha in recipe text), method.parameter "
+                "(weighted_sum.alpha) or a parameter of one method (alpha)")
+        values = ("Numbers (0.2, 0.5, 0.8), or one parameter map per line (IN*=0.2, OUT*=0.8, default=0.5 "
+                  "or a JSON object), as the Key Patterns node reads them")
+        return {"required": {
+            "recipe": (RECIPE, {"tooltip": "The recipe to vary (a method node, recipe text)."}),
+            "x_param": ("STRING", {"default": "alpha", "tooltip": axis + " across the grid."}),
+            "x_values": ("STRING", {"multiline": True, "default": "0.2, 0.5, 0.8", "tooltip": values}),
+            "y_param": ("STRING", {"default": "", "tooltip": axis + " down the grid; empty: one row."}),
+            "y_values": ("STRING", {"multiline": True, "default": "", "tooltip": values}),
+            "positive": ("STRING", {"multiline": True, "default": "a photo of a cat",
+                                    "tooltip": "Prompt, encoded by each variant's merged text encoder (or "
+                                               "the clip input when the recipe merges none)."}),
+            "negative": ("STRING", {"multiline": True, "default": "blurry", "tooltip": "Negative prompt."}),
+            "latent_image": ("LATENT", {"tooltip": "The latent every variant samples from."}),
+            "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
+                             "tooltip": "Sampling seed, the same for every variant."}),
+            "steps": ("INT", {"default": 20, "min": 1, "max": 10000, "tooltip": "Sampling steps."}),
+            "cfg": ("FLOAT", {"default": 7.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
+                              "tooltip": "Classifier-free guidance scale (as KSampler)."}),
+            "sampler_name": (comfy.samplers.KSampler.SAMPLERS, {"tooltip": "Sampler (as KSampler)."}),
+            "scheduler": (comfy.samplers.KSampler.SCHEDULERS, {"tooltip": "Noise schedule (as KSampler)."}),
+            **_COMMON,
+        }, "optional": {
+            "clip": ("CLIP", {"tooltip": "Text encoder for recipes that merge none (diffusion model only)."}),
+            "vae": ("VAE", {"tooltip": "VAE for recipes that merge none."}),
+            "allow_large_grid": ("BOOLEAN", {"default": False,
+                                             "tooltip": "Allow more than 64 variants (each is a merge and a "
+                                                        "sampling run)."}),
+            **_POLICY,
+        }}
+
+    def run(self, recipe: Any, x_param: str, x_values: str, y_param: str, y_values: str, positive: str,
+            negative: str, latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
+            scheduler: str, merge_seed: int = 0, cache_mb: int = merge_runtime.DEFAULT_CACHE_MB,
+            shape_policy: str = "overlap", missing_policy: str = "first", clip: Any = None, vae: Any = None,
+            allow_large_grid: bool = False, architecture_policy: str = "refuse") -> dict:
+        """The grid (see the module docstring); the node's text lists each variant's merge line (keys
+        merged, keys from the merge cache)."""
+        x = (x_param, parse_values(x_values, "x"))
+        y = (y_param, parse_values(y_values, "y")) if y_param.strip() or y_values.strip() else None
+        if y is not None and not y_param.strip():
+            raise ValueError("y_values are given but y_param is empty: name the parameter they set")
+        cells = grid.variants(recipe, x, y, allow_large=allow_large_grid)
+        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
+        encoded: dict[tuple[int, str], Any] = {}
+        images, texts, lines = [], [], []
+        bar = comfy.utils.ProgressBar(len(cells))
+        for number, (labels, variant) in enumerate(cells):
+            comfy.model_management.throw_exception_if_processing_interrupted()
+            image, merged = self._sample(variant, fields, clip, vae, encoded, positive, negative,
+                                         latent_image, seed, steps, cfg, sampler_name, scheduler)
+            images.append(image)
+            lines.append(f"{', '.join(labels)}: {merged}")
+            texts.append(f"# {', '.join(labels)}\n{recipe_to_text(variant)}")
+            bar.update_absolute(number + 1, len(cells))
+        grid_image = compose(images, [labels for labels, _ in cells], len(x[1]))
+        return {"ui": {"text": lines}, "result": (grid_image, "\n\n".join(texts))}
+
+    @staticmethod
+    def _sample(variant: Any, fields: dict, clip: Any, vae: Any, encoded: dict, positive: str, negative: str,
+                latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
+                scheduler: str) -> tuple[torch.Tensor, str]:
+        import nodes as comfy_nodes  # ComfyUI's nodes.py (loaded before any custom node)
+
+        model, merged_clip, merged_vae, lines = merge_runtime.merge_models(variant, **fields)
+        try:
+            text_encoder, decoder = merged_clip or clip, merged_vae or vae
+            if text_encoder is None or decoder is None:
+                part = "text encoder" if text_encoder is None else "VAE"
+                raise ValueError(f"the recipe merges no {part} (a diffusion model only): connect the "
+                                 f"{'clip' if text_encoder is None else 'vae'} input of Merge Grid")
+            conds = []
+            for text in (positive, negative):
+                ident = (id(text_encoder), text)
+                cond = encoded.get(ident) if text_encoder is clip else None
+                if cond is None:
+                    cond = comfy_nodes.CLIPTextEncode().encode(text_encoder, text)[0]
+                    if text_encoder is clip:
+                        encoded[ident] = cond
+                conds.append(cond)
+            (latent,) = comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, *conds,
+                                                    latent_image)
+            image = decoder.decode(latent["samples"])
+            image = image.reshape(-1, *image.shape[-3:])[0]
+        finally:  # the variant's models go before the next is merged: memory stays that of one merge
+            del model, merged_clip, merged_vae
+            gc.collect()
+            comfy.model_management.cleanup_models()
+        return image, lines[0]
+
+
+NODES = [PatchbayMergeGrid]

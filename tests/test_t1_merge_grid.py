@@ -1,0 +1,165 @@
+"""T1: Merge Grid (issue 35 item 1) inside ComfyUI: every cell equals Merge + KSampler + VAEDecode of
+that variant run alone, a block-map axis takes the keys it does not change from the merge cache, and
+bad axes are refused before anything merges. Recipes keep only the diffusion model (pick_component),
+with the tiny checkpoint's CLIP and VAE connected, so each variant merges 107 M parameters, not 300 M."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.t1
+
+CKPT_A, CKPT_B = (f"patchbay-sd15-tiny-{v}.safetensors" for v in "ab")
+SAMPLING = {"positive": "a knight in armor", "negative": "blurry", "seed": 7, "steps": 2, "cfg": 7.0,
+            "sampler_name": "euler", "scheduler": "normal"}
+
+
+class InGraph:
+    """A node instance whose methods run under torch.inference_mode, as ComfyUI's executor runs them."""
+
+    def __init__(self, instance: object) -> None:
+        self.instance = instance
+
+    def __getattr__(self, name: str):
+        method = getattr(self.instance, name)
+
+        def run(*args, **kwargs):
+            with torch.inference_mode():
+                return method(*args, **kwargs)
+        return run
+
+
+@pytest.fixture(scope="module")
+def env(comfy):
+    pack = comfy.pack
+
+    def node(node_id):
+        return InGraph(pack.NODE_CLASS_MAPPINGS[node_id]())
+
+    n = comfy.nodes.NODE_CLASS_MAPPINGS
+    _, clip, vae = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT_A)
+    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
+    a, b = (node("PatchbayMergeCheckpoint").make(ckpt_name=name)[0] for name in (CKPT_A, CKPT_B))
+    grid_module = importlib.import_module(pack.__name__ + ".nodes.merge_grid")
+    return type("Env", (), {"node": staticmethod(node), "n": n, "clip": clip, "vae": vae, "latent": latent,
+                            "a": a, "b": b, "grid": grid_module})
+
+
+def diffuser(env, recipe):
+    return env.node("PatchbayMethodPickComponent").build(a=recipe, component="diffuser")[0]
+
+
+def weighted_sum(env, alpha):
+    return diffuser(env, env.node("PatchbayMethodWeightedSum").build(a=env.a, b=env.b, alpha=alpha)[0])
+
+
+def run_grid(env, recipe, x_param, x_values, y_param="", y_values="", **kwargs):
+    return env.node("PatchbayMergeGrid").run(recipe, x_param, x_values, y_param, y_values,
+                                             latent_image=env.latent, clip=env.clip, vae=env.vae,
+                                             **SAMPLING, **kwargs)
+
+
+def alone(env, recipe, cache_mb=0):
+    """One variant as a user would run it without the grid: Merge, CLIPTextEncode, KSampler, VAEDecode."""
+    model, _, _ = env.node("PatchbayMerge").merge(recipe, cache_mb=cache_mb)["result"]
+    with torch.inference_mode():
+        encode = env.n["CLIPTextEncode"]().encode
+        pos, neg = (encode(env.clip, SAMPLING[k])[0] for k in ("positive", "negative"))
+        (latent,) = env.n["KSampler"]().sample(model, SAMPLING["seed"], SAMPLING["steps"], SAMPLING["cfg"],
+                                               SAMPLING["sampler_name"], SAMPLING["scheduler"], pos, neg,
+                                               env.latent)
+        (image,) = env.n["VAEDecode"]().decode(env.vae, latent)
+    return image[0]
+
+
+def cell(env, grid_image, row, column, size=64):
+    top = row * (size + env.grid.LABEL_PX) + env.grid.LABEL_PX
+    return grid_image[0, top:top + size, column * size:(column + 1) * size]
+
+
+def as_pixels(image):
+    return (image.clamp(0, 1) * 255).round()
+
+
+def test_every_cell_is_the_variant_merged_and_sampled_alone(env):
+    recipe = weighted_sum(env, 0.5)
+    out = run_grid(env, recipe, "alpha", "0.3, 1", cache_mb=0)
+    grid_image, texts = out["result"]
+    assert tuple(grid_image.shape) == (1, 64 + env.grid.LABEL_PX, 2 * 64, 3)
+    cells = [cell(env, grid_image, 0, i) for i in range(2)]
+    for alpha, got in zip((0.3, 1.0), cells, strict=True):
+        expected = as_pixels(alone(env, weighted_sum(env, alpha)))
+        assert torch.equal(as_pixels(got), expected), f"alpha={alpha}: the cell differs from Merge + KSampler"
+    assert not torch.equal(cells[0], cells[1]), "alpha changes nothing: the test cannot see the axis"
+    assert [line.split(":")[0] for line in out["ui"]["text"]] == ["alpha=0.3", "alpha=1"]
+    assert len(re.findall(r"^# alpha=", texts, re.MULTILINE)) == 2 and '"weighted_sum"' in texts
+    band = grid_image[0, : env.grid.LABEL_PX, :64]
+    assert (band < 0.5).any(), "no label drawn above the first cell"
+
+
+def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env):
+    """Two maps that differ in the OUT blocks only: the second variant takes the other keys from the
+    merge cache (its merge line counts them), and the same grid again takes every key from it."""
+
+    def from_cache(out):
+        return [int(re.search(r"(\d+) from the merge cache", line).group(1)) for line in out["ui"]["text"]]
+
+    recipe = weighted_sum(env, 0.5)
+    maps = "IN*=0.2, M00=0.2, OUT*=0.2, default=0.2\nIN*=0.2, M00=0.2, OUT*=0.9, default=0.2"
+    env.node("PatchbayMergeCacheClear").clear()
+    out = run_grid(env, recipe, "alpha", maps, cache_mb=4096)
+    again = run_grid(env, recipe, "alpha", maps, cache_mb=4096)
+    first, second = from_cache(out)
+    everything = from_cache(again)
+    assert everything[0] == everything[1] > 0
+    assert first == 0 and 0 < second < everything[1], (out["ui"]["text"], again["ui"]["text"])
+    assert torch.equal(again["result"][0], out["result"][0])
+    env.node("PatchbayMergeCacheClear").clear()
+
+
+def test_two_axes_lay_out_rows_of_y_and_columns_of_x(env):
+    a, b = env.a, env.b
+    inner = env.node("PatchbayMethodWeightedSum").build(a=a, b=b, alpha=0.5)[0]
+    recipe = diffuser(env, env.node("PatchbayMethodAddDifference").build(
+        a=inner, b=env.node("PatchbayMethodSubtract").build(a=b, b=a)[0], alpha=0.5)[0])
+    out = run_grid(env, recipe, "weighted_sum.alpha", "0, 1", "add_difference.alpha", "0\n0.5", cache_mb=0)
+    labels = [line.split(":")[0] for line in out["ui"]["text"]]
+    assert labels == ["weighted_sum.alpha=0, add_difference.alpha=0",
+                      "weighted_sum.alpha=1, add_difference.alpha=0",
+                      "weighted_sum.alpha=0, add_difference.alpha=0.5",
+                      "weighted_sum.alpha=1, add_difference.alpha=0.5"]
+    grid_image = out["result"][0]
+    assert tuple(grid_image.shape) == (1, 2 * (64 + env.grid.LABEL_PX), 2 * 64, 3)
+    # row 0, column 0 is weighted_sum(a, b, 0) + 0 * (b - a) = a: Merge of plain a alone
+    expected = as_pixels(alone(env, weighted_sum(env, 0.0)))
+    assert torch.equal(as_pixels(cell(env, grid_image, 0, 0)), expected)
+
+
+@pytest.mark.parametrize(("x_param", "x_values", "y_param", "y_values", "needle"), [
+    ("alpah", "0.5", "", "", r"axis 'alpah' names no free parameter.*did you mean 'alpha'"),
+    ("alpha", "0.5, half", "", "", r"x_values: 'half' is not a number"),
+    ("alpha", "0.5", "", "0.2", r"y_values are given but y_param is empty"),
+    ("alpha", "0.5", "alpha", "0.2", r"x and y both set 'alpha'"),
+    ("alpha", "0.5", "weighted_sum.alpha", "0.1", r"x and y both set weighted_sum\.alpha"),
+    ("alpha", "", "", "", r"axis 'alpha' has no values"),
+])
+def test_bad_axes_are_refused_before_anything_merges(env, x_param, x_values, y_param, y_values, needle):
+    cache = importlib.import_module(env.grid.__name__.rsplit(".", 1)[0] + ".merge_runtime").CACHE
+    before = cache.stats()
+    with pytest.raises(ValueError, match=needle):
+        run_grid(env, weighted_sum(env, 0.5), x_param, x_values, y_param, y_values)
+    after = cache.stats()
+    assert (after.hits, after.misses, after.entries) == (before.hits, before.misses, before.entries)
+
+
+def test_more_than_64_variants_need_allow_large_grid(env):
+    values = ", ".join(f"{i / 100:g}" for i in range(9))
+    recipe = weighted_sum(env, 0.5)
+    inner = env.node("PatchbayMethodAddDifference").build(
+        a=recipe, b=env.node("PatchbayMethodSubtract").build(a=env.b, b=env.a)[0], alpha=0.5)[0]
+    with pytest.raises(ValueError, match=r"the grid has 81 variants \(over 64\).*allow_large_grid"):
+        run_grid(env, inner, "weighted_sum.alpha", values, "add_difference.alpha", values)
