@@ -102,6 +102,10 @@ CATALOG: dict[str, Template] = {
     "merge_two_checkpoints": _t("Merging", "Merge two checkpoints",
                                 "Two checkpoints merged in the graph, sampled, and the recipe as text.",
                                 "merge", "checkpoints"),
+    "merge_grid_alpha_blocks": _t("Merging", "Merge grid, alpha x blocks",
+                                  "A 3x3 grid: weighted_sum alpha across, a difference added per block "
+                                  "group down.",
+                                  "merge", "grid"),
     "merge_block_weights_sd15": _t("Merging", "Merge block weights, SD1.5",
                                    "The input blocks of one checkpoint, the output blocks of another.",
                                    "merge", "block weights", "sd1.5"),

@@ -23,6 +23,11 @@ from workflow_api import workflow_to_prompt
 pytestmark = pytest.mark.t2
 
 WORKFLOWS = sorted(devpaths.WORKFLOWS_DIR.glob("*.json"))
+# Run on the first ComfyUI version only (marked once): the 3x3 merge grid merges and samples nine times
+# (about 30 s of CPU); what it calls of ComfyUI (Merge's model build, common_ksampler, VAE decode) is
+# checked on every version by tests/test_t1_merge_grid.py, and the file itself (its widgets and links,
+# as each version's frontend reads them) by test_t3_frontend.py on every version.
+ONCE_WORKFLOWS = {"Merge grid, alpha x blocks - Patchbay Merging"}
 PACK_MODULE = f"custom_nodes.{devpaths.PACK_NAME}"
 # ComfyUI 0.3.75's own audio nodes need torchaudio, which its environment leaves out on purpose (0.33
 # imports torchaudio at startup, so its environment has it and every core node module imports).
@@ -94,7 +99,8 @@ def saved_merges(comfy_server, prompt: dict, entry: dict) -> list[Path]:
             for nid, node in prompt.items() if node["class_type"] == "PatchbayMergeSave"]
 
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.once) if p.stem in ONCE_WORKFLOWS else p
+                                  for p in WORKFLOWS], ids=lambda p: p.stem)
 def test_bundled_workflow_runs_and_writes_its_images_or_merges(comfy_server, object_info, frontend_version,
                                                                 path):
     """A workflow saves images (PNG, not one flat colour) or merged checkpoints (safetensors with keys);
@@ -114,6 +120,11 @@ def test_bundled_workflow_runs_and_writes_its_images_or_merges(comfy_server, obj
     for merge_path in merges:
         with safe_open(str(merge_path), "pt") as handle:
             assert list(handle.keys()) and "patchbay.recipe" in handle.metadata(), merge_path
+
+
+def test_the_workflows_run_once_are_bundled():
+    stems = {path.stem for path in WORKFLOWS}
+    assert not ONCE_WORKFLOWS - stems, f"not bundled (renamed?): {sorted(ONCE_WORKFLOWS - stems)}"
 
 
 def test_execution_error_carries_comfyui_message(comfy_server):
