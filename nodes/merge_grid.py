@@ -7,9 +7,10 @@ Data flow::
       -> parse_values(text)                 numbers, or one parameter map per line (Key Patterns syntax)
       -> merge.grid.variants(recipe, x, y)  one recipe per cell, row by row (checked before any merge)
       -> per variant: merge_runtime.merge_models (through the merge cache: only keys whose values changed
-         are recomputed), CLIPTextEncode with the merged text encoder (or the clip input), KSampler's
-         common_ksampler with the same seed, VAE decode; the variant's models are dropped before the next,
-         so memory stays that of one merge
+         are recomputed; a recipe of diffusion-model weights only streams into the previous variant's
+         MODEL, so no model is built or held twice), CLIPTextEncode with the merged text encoder (or the
+         clip input), KSampler's common_ksampler with the same seed, VAE decode; a variant's own text
+         encoder and VAE are dropped before the next, so memory stays that of one merge
       -> compose(images, labels)            the grid IMAGE, plus each variant's recipe as text
 
 The axes and values are checked before the first merge (names with did-you-mean, more than 64 variants
@@ -140,24 +141,33 @@ class PatchbayMergeGrid:
         encoded: dict[tuple[int, str], Any] = {}
         images, texts, lines = [], [], []
         bar = comfy.utils.ProgressBar(len(cells))
-        for number, (labels, variant) in enumerate(cells):
-            comfy.model_management.throw_exception_if_processing_interrupted()
-            image, merged = self._sample(variant, fields, clip, vae, encoded, positive, negative,
-                                         latent_image, seed, steps, cfg, sampler_name, scheduler)
-            images.append(image)
-            lines.append(f"{', '.join(labels)}: {merged}")
-            texts.append(f"# {', '.join(labels)}\n{recipe_to_text(variant)}")
-            bar.update_absolute(number + 1, len(cells))
+        slot: list = []  # the only reference to the previous variant's MODEL (merge_runtime.build_models)
+        try:
+            for number, (labels, variant) in enumerate(cells):
+                comfy.model_management.throw_exception_if_processing_interrupted()
+                image, merged = self._sample(variant, fields, slot, clip, vae, encoded, positive, negative,
+                                             latent_image, seed, steps, cfg, sampler_name, scheduler)
+                images.append(image)
+                lines.append(f"{', '.join(labels)}: {merged}")
+                texts.append(f"# {', '.join(labels)}\n{recipe_to_text(variant)}")
+                bar.update_absolute(number + 1, len(cells))
+        finally:
+            slot.clear()
+            gc.collect()
+            comfy.model_management.cleanup_models()
         grid_image = compose(images, [labels for labels, _ in cells], len(x[1]))
         return {"ui": {"text": lines}, "result": (grid_image, "\n\n".join(texts))}
 
     @staticmethod
-    def _sample(variant: Any, fields: dict, clip: Any, vae: Any, encoded: dict, positive: str, negative: str,
-                latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
+    def _sample(variant: Any, fields: dict, slot: list, clip: Any, vae: Any, encoded: dict, positive: str,
+                negative: str, latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
                 scheduler: str) -> tuple[torch.Tensor, str]:
+        """One cell: the variant merged (into the MODEL in ``slot`` when it gives only diffusion-model
+        weights: no second model), encoded, sampled, decoded; its MODEL left in ``slot``."""
         import nodes as comfy_nodes  # ComfyUI's nodes.py (loaded before any custom node)
 
-        model, merged_clip, merged_vae, lines = merge_runtime.merge_models(variant, **fields)
+        model, merged_clip, merged_vae, lines = merge_runtime.merge_models(variant, reuse=slot, **fields)
+        slot[:] = [model]
         try:
             text_encoder, decoder = merged_clip or clip, merged_vae or vae
             if text_encoder is None or decoder is None:
@@ -177,10 +187,11 @@ class PatchbayMergeGrid:
                                                     latent_image)
             image = decoder.decode(latent["samples"])
             image = image.reshape(-1, *image.shape[-3:])[0]
-        finally:  # the variant's models go before the next is merged: memory stays that of one merge
-            del model, merged_clip, merged_vae
+        finally:  # a merged text encoder and VAE go before the next variant is merged
+            del merged_clip, merged_vae
             gc.collect()
             comfy.model_management.cleanup_models()
+        del model
         return image, lines[0]
 
 

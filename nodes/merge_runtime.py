@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import logging
 from collections.abc import Iterator
@@ -111,8 +112,13 @@ class _ParamSink:
             self.targets[key].copy_(tensor)
 
 
-def build_models(session: MergeSession) -> tuple[Any, Any, Any]:
-    """(MODEL, CLIP or None, VAE or None) holding the merged weights (see the module docstring)."""
+def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any, Any, Any]:
+    """(MODEL, CLIP or None, VAE or None) holding the merged weights (see the module docstring).
+
+    ``reuse``: a list holding the only reference to a MODEL an earlier merge built (Merge Grid's previous
+    variant, no longer used): when the recipe gives only diffusion-model weights of its shapes, they
+    stream into its parameters (no loader, no second model); else the list is emptied, freeing that
+    model before a new one is built."""
     spill = session.options.spill_dir
     in_place = [p for p in session.plans if p.key.startswith(UNET) and p.passthrough is None]
     rest = [replace(p, dtype=session.source_dtype(p.key)) for p in session.plans
@@ -120,6 +126,16 @@ def build_models(session: MergeSession) -> tuple[Any, Any, Any]:
     sink = _DictSink()
     session.stream(sink, rest, spill)
     state = sink.tensors
+    if reuse:
+        targets = None
+        if not state:
+            with contextlib.suppress(MergeBuildError):  # another family or shape: build anew
+                targets = _targets(reuse[0], in_place)
+        if targets is not None and len(targets) == len(reuse[0].model.diffusion_model.state_dict()):
+            session.stream(_ParamSink(targets), in_place, spill)
+            return reuse[0], None, None
+        reuse.clear()
+        gc.collect()
     for plan in in_place:  # a stride-0 zero of the right shape: ComfyUI copies it, it costs nothing
         state[plan.key] = torch.zeros((), dtype=session.source_dtype(plan.key)).expand(plan.shape)
     model, clip, vae = _load(state, diffusion_only=all(key.startswith(UNET) for key in state))
@@ -164,14 +180,14 @@ def _targets(model: Any, plans: list) -> dict[str, torch.Tensor]:
     return targets
 
 
-def merge_models(recipe: object, **fields: Any) -> tuple[Any, Any, Any, list[str]]:
+def merge_models(recipe: object, reuse: list | None = None, **fields: Any) -> tuple[Any, Any, Any, list[str]]:
     """The Merge node: ``recipe`` merged into a fresh MODEL, CLIP and VAE (fp32 math, no file), and the
-    report's lines for the node (its warnings also go to the log)."""
+    report's lines for the node (its warnings also go to the log). ``reuse``: see ``build_models``."""
     from ..merge.session import MergeSession
 
     options = merge_options(dtype="fp32", **fields)
     with MergeSession(recipe, options) as session, _stopped_on_nonfinite("Merge"):
-        model, clip, vae = build_models(session)
+        model, clip, vae = build_models(session, reuse)
         report = session.finish()
     kept = len(session.plans) - len(report.skipped)
     lines = [f"merged {kept} keys ({report.arch}), {report.cached_keys} from the merge cache",

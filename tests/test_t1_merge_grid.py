@@ -85,9 +85,19 @@ def as_pixels(image):
     return (image.clamp(0, 1) * 255).round()
 
 
-def test_every_cell_is_the_variant_merged_and_sampled_alone(env):
+def test_every_cell_is_the_variant_merged_and_sampled_alone(env, monkeypatch):
+    """Each cell equals its variant run alone; the second variant's weights stream into the first's
+    MODEL (ComfyUI's loader builds one model for the grid, so it never holds two)."""
+    import comfy.sd
+
+    built = []
+    loader = comfy.sd.load_diffusion_model_state_dict
+    monkeypatch.setattr(comfy.sd, "load_diffusion_model_state_dict",
+                        lambda *args, **kwargs: built.append(1) or loader(*args, **kwargs))
     recipe = weighted_sum(env, 0.5)
     out = run_grid(env, recipe, "alpha", "0.3, 1", cache_mb=0)
+    monkeypatch.undo()
+    assert len(built) == 1, f"the grid built {len(built)} models for 2 variants"
     grid_image, texts = out["result"]
     assert tuple(grid_image.shape) == (1, 64 + env.grid.LABEL_PX, 2 * 64, 3)
     cells = [cell(env, grid_image, 0, i) for i in range(2)]
