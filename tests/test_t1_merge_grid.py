@@ -131,22 +131,23 @@ def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env):
     env.node("PatchbayMergeCacheClear").clear()
 
 
-def test_two_axes_lay_out_rows_of_y_and_columns_of_x(env):
+def test_a_y_axis_makes_rows(env):
+    """x and y set parameters of two methods; one x value and two y values: a column of two rows
+    (columns are the first test's), labelled x then y, each cell its variant alone."""
     a, b = env.a, env.b
     inner = env.node("PatchbayMethodWeightedSum").build(a=a, b=b, alpha=0.5)[0]
     recipe = diffuser(env, env.node("PatchbayMethodAddDifference").build(
         a=inner, b=env.node("PatchbayMethodSubtract").build(a=b, b=a)[0], alpha=0.5)[0])
-    out = run_grid(env, recipe, "weighted_sum.alpha", "0, 1", "add_difference.alpha", "0\n0.5", cache_mb=0)
+    out = run_grid(env, recipe, "weighted_sum.alpha", "0", "add_difference.alpha", "0\n1", cache_mb=0)
     labels = [line.split(":")[0] for line in out["ui"]["text"]]
     assert labels == ["weighted_sum.alpha=0, add_difference.alpha=0",
-                      "weighted_sum.alpha=1, add_difference.alpha=0",
-                      "weighted_sum.alpha=0, add_difference.alpha=0.5",
-                      "weighted_sum.alpha=1, add_difference.alpha=0.5"]
+                      "weighted_sum.alpha=0, add_difference.alpha=1"]
     grid_image = out["result"][0]
-    assert tuple(grid_image.shape) == (1, 2 * (64 + env.grid.LABEL_PX), 2 * 64, 3)
-    # row 0, column 0 is weighted_sum(a, b, 0) + 0 * (b - a) = a: Merge of plain a alone
-    expected = as_pixels(alone(env, weighted_sum(env, 0.0)))
-    assert torch.equal(as_pixels(cell(env, grid_image, 0, 0)), expected)
+    assert tuple(grid_image.shape) == (1, 2 * (64 + env.grid.LABEL_PX), 64, 3)
+    # weighted_sum(a, b, 0) + 0 * (b - a) = a, and + 1 * (b - a) = b: Merge of a and of b alone
+    for row, alpha in ((0, 0.0), (1, 1.0)):
+        expected = as_pixels(alone(env, weighted_sum(env, alpha)))
+        assert torch.equal(as_pixels(cell(env, grid_image, row, 0)), expected), f"row {row}"
 
 
 @pytest.mark.parametrize(("x_param", "x_values", "y_param", "y_values", "needle"), [
