@@ -7,12 +7,16 @@ Absent keys: a method may return ``None`` to say "this key is absent from my out
 (``pick_component`` / ``omit_component``); a method registered with ``accepts_missing=True``
 (``fallback``) receives ``None`` for an input that has no such key, every other method is skipped
 for that key (the executor applies its missing-key policy).
+
+``checked_steps`` is the loop of the commands that go key by key or module by module (extract,
+lora-stack): an interrupt check and a progress report before each item.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -51,3 +55,18 @@ def key_seed(seed: int, key: str) -> int:
 
     digest = hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+T = TypeVar("T")
+
+
+def checked_steps(items: Sequence[T], check: Callable[[], None] | None,
+                  on_progress: Callable[[int, int], None] | None) -> Iterator[T]:
+    """``items`` one by one, after ``check()`` (an interrupt raises there) and ``on_progress(done,
+    total)``: the loop of the key-by-key commands (extract, lora-stack)."""
+    for done, item in enumerate(items):
+        if check is not None:
+            check()
+        if on_progress is not None:
+            on_progress(done, len(items))
+        yield item

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from . import io as mio
-from .context import KeyContext
+from .context import KeyContext, checked_steps
 from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from .lora_keys import TEXT_ENCODERS
 from .steps import check_maps, compile_recipe, recipe_text
@@ -145,11 +145,7 @@ def _modules(graph: Any, sources: list, options: ExtractOptions,
     report.arch = weights[0].arch
     check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
     dtype = OUT_DTYPES[options.dtype]
-    for done, key in enumerate(keys):
-        if options.check is not None:
-            options.check()
-        if options.on_progress is not None:
-            options.on_progress(done, len(keys))
+    for key in checked_steps(list(keys), options.check, options.on_progress):
         name = kohya_name(key)
         if name is None:
             report.dropped.append(key)

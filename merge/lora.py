@@ -128,6 +128,7 @@ def module_factors(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
         return None
     if "lora_up.weight" in t:
         up, down = t["lora_up.weight"].flatten(1), t["lora_down.weight"].flatten(1)
+        rank = down.shape[0]
     elif "hada_w1_a" in t:
         a1, b1, a2, b2 = (t[part].flatten(1) for part in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"))
         up = (a1[:, :, None] * a2[:, None, :]).flatten(1)
@@ -137,8 +138,6 @@ def module_factors(t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tens
         (u1, d1), rank1 = _split(t, "lokr_w1")
         (u2, d2), rank2 = _split(t, "lokr_w2")
         up, down, rank = torch.kron(u1, u2), torch.kron(d1, d2), rank2 if rank2 is not None else rank1
-    if "lora_up.weight" in t:
-        rank = down.shape[0]
     scale = alpha / rank if alpha is not None and rank is not None else 1.0
     return up, down * scale
 

@@ -35,6 +35,7 @@ import torch
 from . import architectures as archs
 from . import blocks
 from . import io as mio
+from .context import checked_steps
 from .extract import check_size, truncate
 from .io import OUT_DTYPES
 from .lora import module_delta, module_factors, patched_shape
@@ -267,11 +268,7 @@ def _merge_modules(loras: list[_Lora], modules: list[str], report: StackReport,
                    options: StackOptions) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     dtype = OUT_DTYPES[options.dtype]
-    for done, module in enumerate(modules):
-        if options.check is not None:
-            options.check()
-        if options.on_progress is not None:
-            options.on_progress(done, len(modules))
+    for module in checked_steps(modules, options.check, options.on_progress):
         terms = [t for lora in loras if module in lora.modules
                  and (t := _term(lora, module, report.arch, options.device)) is not None]
         if not terms:

@@ -24,8 +24,7 @@ def model_blocks(model: ModelPatcher) -> tuple[str, list[str]]:
     merge/architectures.py detects a file with the same keys and shapes (so block counts come from the
     model: Flux.2 [dev] 8 + 48, Wan 1.3B 30 blocks), else by its config class (the table's ComfyUI
     column); an error naming the model class otherwise."""
-    shapes = {architectures.DIFFUSION_PREFIX + key: tuple(value.shape)
-              for key, value in model.model.diffusion_model.state_dict().items()}
+    shapes = model_shapes(model)
     family = architectures.detect(shapes).family
     if family == architectures.UNKNOWN:  # weights whose shapes are a storage layout (GGUF): by config
         lineage = (cls.__name__ for cls in type(model.model.model_config).__mro__)
@@ -36,6 +35,12 @@ def model_blocks(model: ModelPatcher) -> tuple[str, list[str]]:
             f"this model ({type(model.model.model_config).__name__}) is none of them: pick arch by hand or "
             f"use key globs (diffusion_model.*).")
     return family, list(shapes)
+
+
+def model_shapes(model: ModelPatcher) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape of every weight of the model's diffusion model."""
+    return {architectures.DIFFUSION_PREFIX + key: tuple(value.shape)
+            for key, value in model.model.diffusion_model.state_dict().items()}
 
 
 def strength_map(text: str, arch: str, keys: Collection[str] | None = None) -> Callable[[str], float]:
@@ -84,7 +89,7 @@ def model_strength_map(text: str, model: ModelPatcher, arch: str = AUTO) -> Call
     if arch == AUTO:
         arch, keys = model_blocks(model)
     else:
-        keys = [architectures.DIFFUSION_PREFIX + key for key in model.model.diffusion_model.state_dict()]
+        keys = list(model_shapes(model))
     return strength_map(text, arch, keys)
 
 
