@@ -103,7 +103,7 @@ CATALOG: dict[str, Template] = {
                                 "Two checkpoints merged in the graph, sampled, and the recipe as text.",
                                 "merge", "checkpoints"),
     "merge_grid_alpha_blocks": _t("Merging", "Merge grid, alpha x blocks",
-                                  "A 3x3 grid: weighted_sum alpha across, a difference added per block "
+                                  "A 3x3 grid: weighted_sum alpha across, pushed further to b per block "
                                   "group down.",
                                   "merge", "grid"),
     "merge_block_weights_sd15": _t("Merging", "Merge block weights, SD1.5",
