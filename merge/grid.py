@@ -105,9 +105,9 @@ def variants(root: R.Node, x: tuple[str, Sequence[Any]], y: tuple[str, Sequence[
     """``[(labels, recipe)]`` for every (x value, y value), row by row (y outer, x inner); ``labels``
     holds ``name=value`` per axis. Free parameters that no axis binds stay an error of the merge, as
     for any recipe."""
+    if not x[0].strip():
+        raise GridError("x_param is empty: name the parameter the x values set (e.g. alpha)")
     axes = [(name.strip(), list(values)) for name, values in (x, y or ("", ())) if name.strip()]
-    if not axes:
-        raise GridError("the grid has no axis: give x a parameter name and values (and y, for rows)")
     if len(axes) == 2 and axes[0][0] == axes[1][0]:
         raise GridError(f"x and y both set {axes[0][0]!r}: give y another parameter, or leave it empty")
     targets = []

@@ -157,6 +157,7 @@ def test_a_y_axis_makes_rows(env):
     ("alpha", "0.5", "alpha", "0.2", r"x and y both set 'alpha'"),
     ("alpha", "0.5", "weighted_sum.alpha", "0.1", r"x and y both set weighted_sum\.alpha"),
     ("alpha", "", "", "", r"axis 'alpha' has no values"),
+    ("", "0.5", "alpha", "0.2", r"x_param is empty"),
 ])
 def test_bad_axes_are_refused_before_anything_merges(env, x_param, x_values, y_param, y_values, needle):
     cache = importlib.import_module(env.grid.__name__.rsplit(".", 1)[0] + ".merge_runtime").CACHE

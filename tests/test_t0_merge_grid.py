@@ -1,0 +1,80 @@
+"""T0: merge/grid.py, the Merge Grid's variants: what an axis sets, the cells' order and labels, and the
+axes refused before anything merges (the node's merging and sampling: tests/test_t1_merge_grid.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.t0
+
+
+@pytest.fixture(scope="module")
+def m():
+    from merge import grid
+    from merge import recipe as R
+
+    return type("M", (), {"grid": grid, "R": R})
+
+
+def two_methods(R, alpha=0.5):
+    a, b = R.model("a.safetensors"), R.model("b.safetensors")
+    return R.add_difference(R.weighted_sum(a, b, alpha=alpha), R.subtract(b, a), alpha=0.5)
+
+
+def kwarg(node, method, name):
+    """``name`` of the first call of ``method`` under ``node`` (depth first)."""
+    if getattr(node, "method", None) == method:
+        return dict(node.kwargs)[name]
+    for child in getattr(node, "args", ()):
+        found = kwarg(child, method, name)
+        if found is not None:
+            return found
+    return None
+
+
+def test_cells_go_row_by_row_and_set_what_each_axis_names(m):
+    R = m.R
+    recipe = two_methods(R)
+    cells = m.grid.variants(recipe, ("weighted_sum.alpha", [0.2, 0.8]),
+                            ("add_difference.alpha", [R.literal({"IN*": 1.0, "default": 0.0}), 1.0]))
+    assert [labels for labels, _ in cells] == [
+        ("weighted_sum.alpha=0.2", "add_difference.alpha=IN*=1, default=0"),
+        ("weighted_sum.alpha=0.8", "add_difference.alpha=IN*=1, default=0"),
+        ("weighted_sum.alpha=0.2", "add_difference.alpha=1"),
+        ("weighted_sum.alpha=0.8", "add_difference.alpha=1")]
+    for (_, variant), (x, y) in zip(cells, [(0.2, "map"), (0.8, "map"), (0.2, 1.0), (0.8, 1.0)],
+                                         strict=True):
+        assert kwarg(variant, "weighted_sum", "alpha") == R.literal(x)
+        y_value = kwarg(variant, "add_difference", "alpha")
+        assert y_value.is_map if y == "map" else y_value == R.literal(y)
+    assert kwarg(recipe, "weighted_sum", "alpha") == R.literal(0.5), "the recipe itself is not changed"
+
+
+def test_a_plain_name_sets_the_one_method_that_has_it_and_a_free_parameter_is_bound(m):
+    R = m.R
+    recipe = R.weighted_sum(R.model("a.safetensors"), R.model("b.safetensors"), alpha=R.param("mix"))
+    cells = m.grid.variants(recipe, ("mix", [0.25, 0.75]))
+    assert [labels for labels, _ in cells] == [("mix=0.25",), ("mix=0.75",)]
+    assert all(not R.params(variant) for _, variant in cells)
+    plain = m.grid.variants(R.weighted_sum(R.model("a.safetensors"), R.model("b.safetensors"), alpha=0.5),
+                            ("alpha", [0.1]))
+    assert kwarg(plain[0][1], "weighted_sum", "alpha") == R.literal(0.1)
+
+
+@pytest.mark.parametrize(("x", "y", "needle"), [
+    (("alpha", [0.1]), None, r"'alpha' is a parameter of 2 methods.*add_difference\.alpha, weighted_sum"),
+    (("weighted_sum.alpah", [0.1]), None, r"names no .*did you mean 'weighted_sum\.alpha'"),
+    (("", [0.1]), ("weighted_sum.alpha", [0.2]), r"x_param is empty"),
+    (("weighted_sum.alpha", []), None, r"'weighted_sum\.alpha' has no values"),
+    (("weighted_sum.alpha", [0.1]), ("weighted_sum.alpha", [0.2]), r"x and y both set 'weighted_sum\.alpha'"),
+    (("weighted_sum.alpha", [0.1] * 9), ("add_difference.alpha", [0.1] * 8), r"72 variants \(over 64\)"),
+])
+def test_bad_axes_are_refused_naming_the_fix(m, x, y, needle):
+    with pytest.raises(m.grid.GridError, match=needle):
+        m.grid.variants(two_methods(m.R), x, y)
+
+
+def test_more_than_64_variants_when_asked(m):
+    cells = m.grid.variants(two_methods(m.R), ("weighted_sum.alpha", [0.1] * 9),
+                            ("add_difference.alpha", [0.1] * 8), allow_large=True)
+    assert len(cells) == 72
