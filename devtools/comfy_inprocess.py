@@ -48,3 +48,21 @@ def load_pack(nodes: types.ModuleType, parent: Path) -> types.ModuleType:
     if not asyncio.run(nodes.load_custom_node(module_path)):
         raise RuntimeError("ComfyUI failed to load the pack; see the log above for the traceback")
     return sys.modules[module_path.replace(".", "_x_")]  # where load_custom_node registers a folder
+
+
+class InGraph:
+    """A node instance whose methods run as ComfyUI's executor runs them: under torch.inference_mode
+    (a model built there holds inference tensors, which only code in inference mode may write)."""
+
+    def __init__(self, instance: object) -> None:
+        self.instance = instance
+
+    def __getattr__(self, name: str):
+        import torch
+
+        method = getattr(self.instance, name)
+
+        def run(*args, **kwargs):
+            with torch.inference_mode():
+                return method(*args, **kwargs)
+        return run

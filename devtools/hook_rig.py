@@ -20,6 +20,8 @@ class Rig:
     def __init__(self, comfy):
         self.comfy = comfy
         self.n = comfy.nodes.NODE_CLASS_MAPPINGS
+        self._encoded: dict = {}  # text -> conditioning (encode)
+        self._plain = None  # the unhooked latent (plain)
         self.model, self.clip, _ = self.n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
         self.pos = self.encode("a knight in armor")
         self.neg = self.encode("blurry")
@@ -31,10 +33,9 @@ class Rig:
     def encode(self, text):
         """CLIPTextEncode of ``text`` with the rig's CLIP, encoded once per text (nodes copy a
         conditioning before they change it)."""
-        encoded = self.__dict__.setdefault("_encoded", {})
-        if text not in encoded:
-            encoded[text] = self.n["CLIPTextEncode"]().encode(self.clip, text)[0]
-        return encoded[text]
+        if text not in self._encoded:
+            self._encoded[text] = self.n["CLIPTextEncode"]().encode(self.clip, text)[0]
+        return self._encoded[text]
 
     def fast(self, model=None, cache_mb=2048.0):
         return self.n["PatchbayHookEngine"]().enable(model or self.model, cache_mb)[0]
@@ -51,7 +52,7 @@ class Rig:
     def plain(self):
         """The unhooked model's latent for the positive prompt: sampled once per rig (a fixed seed gives
         the same latent bit for bit on the CPU), a copy each call."""
-        if getattr(self, "_plain", None) is None:
+        if self._plain is None:
             self._plain = self.sample(self.model, self.pos)
         return self._plain.clone()
 

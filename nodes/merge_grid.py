@@ -138,7 +138,7 @@ class PatchbayMergeGrid:
             raise ValueError("y_values are given but y_param is empty: name the parameter they set")
         cells = grid.variants(recipe, x, y, allow_large=allow_large_grid)
         fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
-        encoded: dict[tuple[int, str], Any] = {}
+        encoded: dict[str, Any] = {}  # prompt -> conditioning by the clip input (merged encoders vary)
         images, texts, lines = [], [], []
         bar = comfy.utils.ProgressBar(len(cells))
         slot: list = []  # the only reference to the previous variant's MODEL (merge_runtime.build_models)
@@ -176,12 +176,11 @@ class PatchbayMergeGrid:
                                  f"{'clip' if text_encoder is None else 'vae'} input of Merge Grid")
             conds = []
             for text in (positive, negative):
-                ident = (id(text_encoder), text)
-                cond = encoded.get(ident) if text_encoder is clip else None
+                cond = encoded.get(text) if text_encoder is clip else None
                 if cond is None:
                     cond = comfy_nodes.CLIPTextEncode().encode(text_encoder, text)[0]
                     if text_encoder is clip:
-                        encoded[ident] = cond
+                        encoded[text] = cond
                 conds.append(cond)
             (latent,) = comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, *conds,
                                                     latent_image)

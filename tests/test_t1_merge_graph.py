@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from comfy_inprocess import InGraph
 
 pytestmark = pytest.mark.t1
 
@@ -23,22 +24,6 @@ UNET = "model.diffusion_model."
 @pytest.fixture(scope="module")
 def pack(comfy):
     return comfy.pack
-
-
-class InGraph:
-    """A node instance whose methods run as ComfyUI's executor runs them: under torch.inference_mode
-    (a model built there holds inference tensors, which only code in inference mode may write)."""
-
-    def __init__(self, instance: object) -> None:
-        self.instance = instance
-
-    def __getattr__(self, name: str):
-        method = getattr(self.instance, name)
-
-        def run(*args, **kwargs):
-            with torch.inference_mode():
-                return method(*args, **kwargs)
-        return run
 
 
 @pytest.fixture(scope="module")

@@ -10,27 +10,13 @@ import re
 
 import pytest
 import torch
+from comfy_inprocess import InGraph
 
 pytestmark = pytest.mark.t1
 
 CKPT_A, CKPT_B = (f"patchbay-sd15-tiny-{v}.safetensors" for v in "ab")
 SAMPLING = {"positive": "a knight in armor", "negative": "blurry", "seed": 7, "steps": 2, "cfg": 7.0,
             "sampler_name": "euler", "scheduler": "normal"}
-
-
-class InGraph:
-    """A node instance whose methods run under torch.inference_mode, as ComfyUI's executor runs them."""
-
-    def __init__(self, instance: object) -> None:
-        self.instance = instance
-
-    def __getattr__(self, name: str):
-        method = getattr(self.instance, name)
-
-        def run(*args, **kwargs):
-            with torch.inference_mode():
-                return method(*args, **kwargs)
-        return run
 
 
 @pytest.fixture(scope="module")
