@@ -4,7 +4,7 @@
 #
 #   1. serial setup: each version's environment (devtools/env.sh --browser), ruff once, the tiny
 #      models (generated once into .cache/models, then reused by every version)
-#   2. in-process phase: t0 + t1 of the first version and t1 of the others, one pytest each. Side by
+#   2. in-process phase: t1 of each version, one pytest each. Side by
 #      side only on a machine with two cores and 16 GB of RAM per version (each then gets
 #      cores / versions torch threads; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by side): one
 #      version's T1 peaks near 9 GB (the tiny Flux and a LoRA-patched copy of it), and on a 2-core
@@ -13,7 +13,11 @@
 #      Inductor's compiled kernels are cached beside the environments (~/.cache/patchbay/inductor),
 #      as compiling them is a build step (the compile tests take ~100 s more per version without it).
 #   3. server phase: t2 + t3 of each version in turn, with every core (a ComfyUI server, Chromium and
-#      the tests: the largest memory of the run, never doubled).
+#      the tests: the largest memory of the run, never doubled). t0 (pure: no ComfyUI, one torch
+#      thread, ~1.3 GB) runs beside the last version's server phase, in the first version's
+#      environment: that phase keeps about one core busy on average (measured: 212 s of CPU in 189 s
+#      on two cores), so t0's ~60 s mostly fill the idle one; beside t1 it would push the peak past
+#      10 GB. Its output follows the server phase's (.cache/test-logs/t0.log).
 #   4. a summary line per version, then a table of each tier's seconds and peak memory and the whole
 #      run's (devtools/memwatch.py samples every process the run starts; tests/conftest.py names the
 #      running tier); the exit status is 1 if any version failed, naming it.
@@ -71,7 +75,8 @@ record() {  # $1 version, $2 phase: fold the phase's result into the version's
     [ "$rc" = 0 ] || status[$1]=$rc
     seconds[$1]=$(( ${seconds[$1]:-0} + ${secs//\?/0} ))
 }
-in_process_tiers() { [ "$1" = "$first" ] && echo "t0 t1" || echo "t1"; }
+in_process_tiers() { echo "t1"; }
+last="${versions[-1]}"
 
 rm -f "$logs"/result-*
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${PATCHBAY_CACHE:-$HOME/.cache/patchbay}/inductor}"
@@ -100,10 +105,20 @@ else
 fi
 for version in "${versions[@]}"; do record "$version" t1; done
 for version in "${versions[@]}"; do
+    if [ "$version" = "$last" ]; then
+        echo "=== tier t0 in the background (ComfyUI $first's environment, 1 torch thread)," \
+             "output in $logs/t0.log ==="
+        ( OMP_NUM_THREADS=1 run_pytest "$first" t0 t0 > "$logs/t0.log" 2>&1 ) &
+        t0_pid=$!
+    fi
     echo "=== ComfyUI $version: tiers t2 t3 (a live server and the frontend) ==="
     run_pytest "$version" t2 "t2 t3"
     record "$version" t2
 done
+wait "$t0_pid"
+echo "=== tier t0 (its output, run alongside) ==="
+cat "$logs/t0.log"
+record "$first" t0
 
 failed=""
 for version in "${versions[@]}"; do
