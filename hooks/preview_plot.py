@@ -17,9 +17,7 @@ from collections.abc import Sequence
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-# the trace timeline's own palette and drawing helpers, so both pictures look alike
-from ..patcher.trace_plot import _BG, _GRID, _MUTED, _NEGATIVE, _TEXT, _fit, _font, to_comfy_image
-from ..patcher.trace_plot import _strength_colour as _colour
+from ..patcher import drawing  # the trace timeline's palette and helpers, so both pictures look alike
 from .preview import StrengthTrace, sampling_sigmas, step_percents, strength_trace
 
 __all__ = ["preview", "schedule_image"]
@@ -35,22 +33,22 @@ def schedule_image(traces: Sequence[StrengthTrace], percents: Sequence[float], s
     step_w = plot_w / steps
     top = _TITLE_H + _SIGMA_H
     plot_h = max(len(traces), 1) * _LANE_H
-    image = Image.new("RGB", (_LABEL_W + plot_w + 2 * _PAD, top + plot_h + _AXIS_H), _BG)
+    image = Image.new("RGB", (_LABEL_W + plot_w + 2 * _PAD, top + plot_h + _AXIS_H), drawing.BG)
     draw = ImageDraw.Draw(image)
-    small, normal, large = _font(14), _font(17), _font(20)
+    small, normal, large = drawing.font(14), drawing.font(17), drawing.font(20)
     x0 = _LABEL_W + _PAD
     peak = max((abs(v) for t in traces for v in t.strengths), default=0.0) or 1.0
-    draw.text((_PAD, 14), title, fill=_TEXT, font=large)
+    draw.text((_PAD, 14), title, fill=drawing.TEXT, font=large)
     _sigma_curve(draw, list(sigmas), (x0, _TITLE_H + 4, step_w, _SIGMA_H - 14), small)
     for step in range(steps + 1):
-        draw.line([(x0 + step * step_w, top), (x0 + step * step_w, top + plot_h)], fill=_GRID)
+        draw.line([(x0 + step * step_w, top), (x0 + step * step_w, top + plot_h)], fill=drawing.GRID)
     if not traces:
-        draw.text((x0 + 8, top + 12), "no LoRA or model-as-LoRA hook", fill=_MUTED, font=normal)
+        draw.text((x0 + 8, top + 12), "no LoRA or model-as-LoRA hook", fill=drawing.MUTED, font=normal)
     for row, trace in enumerate(traces):
         y = top + row * _LANE_H
-        draw.line([(x0, y + _LANE_H), (x0 + plot_w, y + _LANE_H)], fill=_GRID)
-        label = _fit(draw, trace.name.removesuffix(".safetensors"), normal, _LABEL_W - 10)
-        draw.text((_PAD, y + _LANE_H / 2), label, fill=_TEXT, font=normal, anchor="lm")
+        draw.line([(x0, y + _LANE_H), (x0 + plot_w, y + _LANE_H)], fill=drawing.GRID)
+        label = drawing.fit(draw, trace.name.removesuffix(".safetensors"), normal, _LABEL_W - 10)
+        draw.text((_PAD, y + _LANE_H / 2), label, fill=drawing.TEXT, font=normal, anchor="lm")
         for step, value in enumerate(trace.strengths):
             _bar(draw, (x0 + step * step_w, y, step_w, _LANE_H), value, peak, small)
     _axis(draw, (x0, top + plot_h), percents, step_w, small)
@@ -64,11 +62,12 @@ def _bar(draw: ImageDraw.ImageDraw, box: tuple[float, float, float, float], valu
     fraction = abs(value) / peak
     bar_h = max(inner_h * fraction, 1.0)
     draw.rectangle([x + 1, y + 4 + inner_h - bar_h, x + w - 1, y + 4 + inner_h],
-                   fill=_NEGATIVE if value < 0 else _colour(fraction))
+                   fill=drawing.NEGATIVE if value < 0 else drawing.strength_colour(fraction))
     label = f"{value:.2g}"
     if draw.textlength(label, font=font) <= w - 4:
         dark = fraction > 0.5 and value >= 0
-        draw.text((x + w / 2, y + h / 2), label, fill=_BG if dark else _TEXT, font=font, anchor="mm")
+        ink = drawing.BG if dark else drawing.TEXT
+        draw.text((x + w / 2, y + h / 2), label, fill=ink, font=font, anchor="mm")
 
 
 def _sigma_curve(draw: ImageDraw.ImageDraw, sigmas: list[float], box: tuple[float, float, float, float],
@@ -79,23 +78,24 @@ def _sigma_curve(draw: ImageDraw.ImageDraw, sigmas: list[float], box: tuple[floa
     floor = min((s for s in sigmas if s > 0), default=1.0)
     logs = [math.log(max(s, floor)) for s in sigmas]
     low, span = min(logs), (max(logs) - min(logs)) or 1.0
-    draw.line([(x0 + i * step_w, y0 + h - (v - low) / span * h) for i, v in enumerate(logs)], fill=_MUTED,
-              width=2)
-    draw.text((_PAD, y0 + 4), f"sigma {sigmas[0]:.3g} -> {sigmas[-1]:.3g}", fill=_MUTED, font=font)
+    points = [(x0 + i * step_w, y0 + h - (v - low) / span * h) for i, v in enumerate(logs)]
+    draw.line(points, fill=drawing.MUTED, width=2)
+    draw.text((_PAD, y0 + 4), f"sigma {sigmas[0]:.3g} -> {sigmas[-1]:.3g}", fill=drawing.MUTED, font=font)
 
 
 def _axis(draw: ImageDraw.ImageDraw, origin: tuple[float, float], percents: Sequence[float], step_w: float,
           font: ImageFont.ImageFont) -> None:
     x0, y = origin
-    draw.line([(x0, y), (x0 + step_w * len(percents), y)], fill=_TEXT)
+    draw.line([(x0, y), (x0 + step_w * len(percents), y)], fill=drawing.TEXT)
     every = max(1, math.ceil(40 / step_w))
     for step in range(0, len(percents), every):
         x = x0 + (step + 0.5) * step_w
-        draw.text((x, y + 6), str(step + 1), fill=_TEXT, font=font, anchor="ma")
-        draw.text((x, y + 26), f"{percents[step]:.2f}", fill=_MUTED, font=font, anchor="ma")
-    draw.text((_PAD, y + 6), "step", fill=_TEXT, font=font)
-    draw.text((_PAD, y + 26), "sampling percent", fill=_MUTED, font=font)
-    draw.text((_PAD, y + 46), "bar height and colour = strength (red: negative)", fill=_MUTED, font=font)
+        draw.text((x, y + 6), str(step + 1), fill=drawing.TEXT, font=font, anchor="ma")
+        draw.text((x, y + 26), f"{percents[step]:.2f}", fill=drawing.MUTED, font=font, anchor="ma")
+    draw.text((_PAD, y + 6), "step", fill=drawing.TEXT, font=font)
+    draw.text((_PAD, y + 26), "sampling percent", fill=drawing.MUTED, font=font)
+    legend = "bar height and colour = strength (red: negative)"
+    draw.text((_PAD, y + 46), legend, fill=drawing.MUTED, font=font)
 
 
 def preview(hooks, model, steps: int, scheduler: str, denoise: float = 1.0) -> tuple[torch.Tensor, str]:
@@ -108,4 +108,4 @@ def preview(hooks, model, steps: int, scheduler: str, denoise: float = 1.0) -> t
     lines = [title, "step  " + " ".join(f"{i + 1:>5}" for i in range(steps)),
              "pct   " + " ".join(f"{p:5.2f}" for p in percents)]
     lines += [f"{t.name}: " + ", ".join(f"{v:g}" for v in t.strengths) for t in traces]
-    return to_comfy_image(image), "\n".join(lines)
+    return drawing.to_comfy_image(image), "\n".join(lines)

@@ -21,7 +21,7 @@ import comfy.hooks
 import torch
 from PIL import Image, ImageDraw
 
-from ..patcher.trace_plot import _BG, _TEXT, _font, to_comfy_image
+from ..patcher import drawing
 
 __all__ = ["Region", "feather", "region_diagram", "regional_conditioning", "rest_mask"]
 
@@ -121,14 +121,14 @@ def region_diagram(regions: Sequence[Region], labels: Sequence[str], base: bool 
     rest = (1.0 - weights.max(0).values).clamp(0.0, 1.0) if base else torch.zeros(height, width)
     rgb += rest.unsqueeze(-1) * torch.tensor(BASE_COLOUR, dtype=torch.float32)
     total = total + rest
-    empty = torch.tensor(_BG, dtype=torch.float32).expand(height, width, 3)
+    empty = torch.tensor(drawing.BG, dtype=torch.float32).expand(height, width, 3)
     rgb = torch.where(total.unsqueeze(-1) > 0, rgb / total.clamp(min=1e-6).unsqueeze(-1), empty)
     scale = DIAGRAM_WIDTH / width
     size = (DIAGRAM_WIDTH, max(1, round(height * scale)))
     image = Image.fromarray(rgb.clamp(0, 255).round().to(torch.uint8).numpy(), "RGB").resize(size,
                                                                                          Image.NEAREST)
     draw = ImageDraw.Draw(image)
-    font = _font(max(12, size[0] // 28))
+    font = drawing.font(max(12, size[0] // 28))
     spots = [(f"{i + 1}: {label}", _centre(mask))
              for i, (label, mask) in enumerate(zip(labels, masks, strict=True))]
     if base and float(rest.sum()) > 0:
@@ -139,8 +139,9 @@ def region_diagram(regions: Sequence[Region], labels: Sequence[str], base: bool 
         while any(abs(y - py) < font.size * 1.4 and abs(x - px) < size[0] / 3 for px, py in placed):
             y += font.size * 1.4  # regions with one centre (no masks): stack their labels
         placed.append((x, y))
-        draw.text((x, y), text, fill=_TEXT, font=font, anchor="mm", stroke_width=2, stroke_fill=_BG)
-    return to_comfy_image(image)
+        draw.text((x, y), text, fill=drawing.TEXT, font=font, anchor="mm", stroke_width=2,
+                  stroke_fill=drawing.BG)
+    return drawing.to_comfy_image(image)
 
 
 def _centre(mask: torch.Tensor) -> tuple[float, float]:

@@ -11,7 +11,7 @@ Data flow::
          MODEL, so no model is built or held twice), CLIPTextEncode with the merged text encoder (or the
          clip input), KSampler's common_ksampler with the same seed, VAE decode; a variant's own text
          encoder and VAE are dropped before the next, so memory stays that of one merge
-      -> compose(images, labels)            the grid IMAGE, plus each variant's recipe as text
+      -> drawing.labelled_grid(...)       the grid IMAGE, plus each variant's recipe as text
 
 The axes and values are checked before the first merge (names with did-you-mean, more than 64 variants
 refused unless allow_large_grid); Cancel stops within one key of a merge or one step of a sampling run.
@@ -26,10 +26,10 @@ from typing import Any
 import comfy.model_management
 import comfy.samplers
 import comfy.utils
-import numpy as np
 import torch
 
 from ..merge import grid
+from ..patcher import drawing
 from . import merge_runtime
 from .merge_inputs import LATER, pattern_map
 from .merge_outputs import _COMMON, _POLICY, RECIPE, _fields
@@ -61,21 +61,6 @@ def parse_values(text: str, axis: str) -> list[Any]:
     except ValueError as error:
         raise ValueError(f"{axis}_values: {error}") from None
 
-
-def compose(images: list[torch.Tensor], labels: list[tuple[str, ...]], columns: int) -> torch.Tensor:
-    """One IMAGE [1, H, W, 3]: the cells row by row, each under a band with its labels."""
-    from PIL import Image, ImageDraw
-
-    height, width = images[0].shape[0], images[0].shape[1]
-    rows = -(-len(images) // columns)
-    canvas = Image.new("RGB", (columns * width, rows * (height + LABEL_PX)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
-        x, y = (index % columns) * width, (index // columns) * (height + LABEL_PX)
-        pixels = (image[..., :3].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-        canvas.paste(Image.fromarray(pixels), (x, y + LABEL_PX))
-        draw.text((x + 3, y + 4), "  ".join(label), fill="black")
-    return torch.from_numpy(np.asarray(canvas).copy()).float().div(255).unsqueeze(0)
 
 
 class PatchbayMergeGrid:
@@ -155,7 +140,7 @@ class PatchbayMergeGrid:
             slot.clear()
             gc.collect()
             comfy.model_management.cleanup_models()
-        grid_image = compose(images, [labels for labels, _ in cells], len(x[1]))
+        grid_image = drawing.labelled_grid(images, [labels for labels, _ in cells], len(x[1]), LABEL_PX)
         return {"ui": {"text": lines}, "result": (grid_image, "\n\n".join(texts))}
 
     @staticmethod

@@ -13,21 +13,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from . import drawing
 from .trace import Trace
 
-__all__ = ["LANE_KINDS", "Lane", "lanes", "report", "timeline_image", "timeline_tensor", "to_comfy_image"]
+__all__ = ["LANE_KINDS", "Lane", "lanes", "report", "timeline_image", "timeline_tensor"]
 
 LANE_KINDS = ("hook", "patch", "wrapper", "callback")
 _KIND_COLOURS = {"hook": (86, 156, 214), "patch": (197, 134, 192), "wrapper": (78, 201, 176),
                  "callback": (220, 180, 90)}
-# viridis at 0, 1/4, 1/2, 3/4, 1: dark = weak, yellow = strong
-_STRENGTH_STOPS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
-_NEGATIVE = (214, 69, 65)
-_BG, _GRID, _TEXT, _MUTED = (24, 24, 28), (58, 58, 66), (232, 232, 236), (150, 150, 160)
 _LANE_H, _LABEL_W, _PAD, _TITLE_H, _AXIS_H, _LEGEND_H, _SIGMA_H = 30, 230, 16, 40, 46, 40, 46
 
 
@@ -63,27 +59,7 @@ def _lane(kind: str, name: str, row: dict[int, tuple[float | None, int]]) -> Lan
     return Lane(kind, name, tuple((step, strength, count) for step, (strength, count) in sorted(row.items())))
 
 
-def _font(size: int) -> ImageFont.ImageFont:
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1 has only the small bitmap font
-        return ImageFont.load_default()
 
-
-def _strength_colour(fraction: float) -> tuple[int, int, int]:
-    position = min(max(fraction, 0.0), 1.0) * (len(_STRENGTH_STOPS) - 1)
-    low = min(int(position), len(_STRENGTH_STOPS) - 2)
-    t = position - low
-    a, b = _STRENGTH_STOPS[low], _STRENGTH_STOPS[low + 1]
-    return tuple(round(x + (y - x) * t) for x, y in zip(a, b, strict=True))
-
-
-def _fit(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.ImageFont, width: int) -> str:
-    if draw.textlength(text, font=font) <= width:
-        return text
-    while text and draw.textlength(text + "...", font=font) > width:
-        text = text[:-1]
-    return text + "..."
 
 
 def timeline_image(trace: Trace, width: int | None = None, *,
@@ -101,26 +77,26 @@ def timeline_image(trace: Trace, width: int | None = None, *,
     plot_h = max(len(rows), 1) * _LANE_H
     top = _TITLE_H + (_SIGMA_H if has_sigma else 0)
     size = (_LABEL_W + plot_w + 2 * _PAD, top + plot_h + _AXIS_H + _LEGEND_H)
-    image = Image.new("RGB", size, _BG)
+    image = Image.new("RGB", size, drawing.BG)
     draw = ImageDraw.Draw(image)
-    small, normal = _font(12), _font(15)
+    small, normal = drawing.font(12), drawing.font(15)
     x0, step_w = _LABEL_W + _PAD, plot_w / steps
 
     draw.text((_PAD, 12), f"Patchbay trace: {trace.total_steps} steps, {len(rows)} lanes, "
-                          f"{len(trace.events)} events", fill=_TEXT, font=normal)
+                          f"{len(trace.events)} events", fill=drawing.TEXT, font=normal)
     if has_sigma:
         _draw_sigmas(draw, trace.sigmas, (x0, _TITLE_H + 6, plot_w, _SIGMA_H - 14), step_w, small)
     for step in range(steps + 1):
         x = x0 + step * step_w
-        draw.line([(x, top), (x, top + plot_h)], fill=_GRID)
+        draw.line([(x, top), (x, top + plot_h)], fill=drawing.GRID)
     if not rows:
-        draw.text((x0 + 8, top + 8), message, fill=_MUTED, font=small)
+        draw.text((x0 + 8, top + 8), message, fill=drawing.MUTED, font=small)
     for index, lane in enumerate(rows):
         y = top + index * _LANE_H
-        draw.line([(x0, y + _LANE_H), (x0 + plot_w, y + _LANE_H)], fill=_GRID)
+        draw.line([(x0, y + _LANE_H), (x0 + plot_w, y + _LANE_H)], fill=drawing.GRID)
         draw.rectangle([_PAD, y + 9, _PAD + 10, y + 19], fill=_KIND_COLOURS[lane.kind])
-        draw.text((_PAD + 16, y + 8), _fit(draw, f"{lane.name} ({lane.kind})", small, _LABEL_W - 24),
-                  fill=_TEXT, font=small)
+        draw.text((_PAD + 16, y + 8), drawing.fit(draw, f"{lane.name} ({lane.kind})", small, _LABEL_W - 24),
+                  fill=drawing.TEXT, font=small)
         for step, strength, _count in lane.cells:
             if 0 <= step < steps:
                 _draw_cell(draw, (x0 + step * step_w, y, step_w, _LANE_H), strength, peak, small)
@@ -134,19 +110,20 @@ def _draw_cell(draw: ImageDraw.ImageDraw, box: tuple[float, float, float, float]
     x, y, w, h = box
     inner_w, inner_h = max(w - 2, 1), h - 6
     if strength is None:
-        draw.rectangle([x + 1, y + 3, x + inner_w, y + 3 + inner_h], outline=_MUTED)
+        draw.rectangle([x + 1, y + 3, x + inner_w, y + 3 + inner_h], outline=drawing.MUTED)
         for offset in range(0, int(inner_w + inner_h), 6):
             draw.line([(x + 1 + max(offset - inner_h, 0), y + 3 + min(offset, inner_h)),
-                       (x + 1 + min(offset, inner_w), y + 3 + max(offset - inner_w, 0))], fill=_MUTED)
+                       (x + 1 + min(offset, inner_w), y + 3 + max(offset - inner_w, 0))], fill=drawing.MUTED)
         return
     fraction = abs(strength) / peak
     bar_h = max(inner_h * fraction, 1.0)
-    colour = _NEGATIVE if strength < 0 else _strength_colour(fraction)
+    colour = drawing.NEGATIVE if strength < 0 else drawing.strength_colour(fraction)
     draw.rectangle([x + 1, y + 3 + inner_h - bar_h, x + inner_w, y + 3 + inner_h], fill=colour)
     label = f"{strength:.2g}"
     if draw.textlength(label, font=font) <= inner_w - 2:
         dark = fraction > 0.5 and strength >= 0
-        draw.text((x + w / 2, y + h / 2), label, fill=_BG if dark else _TEXT, font=font, anchor="mm")
+        ink = drawing.BG if dark else drawing.TEXT
+        draw.text((x + w / 2, y + h / 2), label, fill=ink, font=font, anchor="mm")
 
 
 def _draw_sigmas(draw: ImageDraw.ImageDraw, sigmas: tuple[float, ...], box: tuple[float, float, float, float],
@@ -157,48 +134,43 @@ def _draw_sigmas(draw: ImageDraw.ImageDraw, sigmas: tuple[float, ...], box: tupl
     low, high = min(logs), max(logs)
     span = (high - low) or 1.0
     points = [(x0 + i * step_w, y0 + h - (v - low) / span * h) for i, v in enumerate(logs)]
-    draw.line(points, fill=_MUTED, width=2)
-    draw.text((_PAD, y0), f"sigma {sigmas[0]:.3g} -> {sigmas[-1]:.3g} (log)", fill=_MUTED, font=font)
+    draw.line(points, fill=drawing.MUTED, width=2)
+    draw.text((_PAD, y0), f"sigma {sigmas[0]:.3g} -> {sigmas[-1]:.3g} (log)", fill=drawing.MUTED, font=font)
 
 
 def _draw_axis(draw: ImageDraw.ImageDraw, origin: tuple[float, float, float], steps: int, step_w: float,
                font: ImageFont.ImageFont) -> None:
     x0, y, plot_w = origin
-    draw.line([(x0, y), (x0 + plot_w, y)], fill=_TEXT)
+    draw.line([(x0, y), (x0 + plot_w, y)], fill=drawing.TEXT)
     every = max(1, math.ceil(28 / step_w))
     for step in range(0, steps, every):
         x = x0 + (step + 0.5) * step_w
-        draw.line([(x, y), (x, y + 4)], fill=_TEXT)
-        draw.text((x, y + 6), str(step), fill=_TEXT, font=font, anchor="ma")
-    draw.text((x0 + plot_w / 2, y + 26), "sampler step", fill=_TEXT, font=font, anchor="ma")
-    draw.text((_PAD, y + 6), "lane (kind)", fill=_MUTED, font=font)
+        draw.line([(x, y), (x, y + 4)], fill=drawing.TEXT)
+        draw.text((x, y + 6), str(step), fill=drawing.TEXT, font=font, anchor="ma")
+    draw.text((x0 + plot_w / 2, y + 26), "sampler step", fill=drawing.TEXT, font=font, anchor="ma")
+    draw.text((_PAD, y + 6), "lane (kind)", fill=drawing.MUTED, font=font)
 
 
 def _draw_legend(draw: ImageDraw.ImageDraw, origin: tuple[float, float, float], peak: float,
                  font: ImageFont.ImageFont) -> None:
     x0, y, _plot_w = origin
-    draw.text((_PAD, y + 8), "strength (bar height)", fill=_MUTED, font=font)
+    draw.text((_PAD, y + 8), "strength (bar height)", fill=drawing.MUTED, font=font)
     ramp_w = 160
     for i in range(ramp_w):
-        draw.line([(x0 + i, y + 8), (x0 + i, y + 22)], fill=_strength_colour(i / (ramp_w - 1)))
-    draw.text((x0, y + 24), "0", fill=_MUTED, font=font)
-    draw.text((x0 + ramp_w, y + 24), f"{peak:.3g}", fill=_MUTED, font=font, anchor="ra")
-    draw.rectangle([x0 + ramp_w + 20, y + 8, x0 + ramp_w + 34, y + 22], fill=_NEGATIVE)
-    draw.text((x0 + ramp_w + 40, y + 8), "negative", fill=_MUTED, font=font)
-    draw.rectangle([x0 + ramp_w + 120, y + 8, x0 + ramp_w + 134, y + 22], outline=_MUTED)
-    draw.text((x0 + ramp_w + 140, y + 8), "ran, no strength", fill=_MUTED, font=font)
+        draw.line([(x0 + i, y + 8), (x0 + i, y + 22)], fill=drawing.strength_colour(i / (ramp_w - 1)))
+    draw.text((x0, y + 24), "0", fill=drawing.MUTED, font=font)
+    draw.text((x0 + ramp_w, y + 24), f"{peak:.3g}", fill=drawing.MUTED, font=font, anchor="ra")
+    draw.rectangle([x0 + ramp_w + 20, y + 8, x0 + ramp_w + 34, y + 22], fill=drawing.NEGATIVE)
+    draw.text((x0 + ramp_w + 40, y + 8), "negative", fill=drawing.MUTED, font=font)
+    draw.rectangle([x0 + ramp_w + 120, y + 8, x0 + ramp_w + 134, y + 22], outline=drawing.MUTED)
+    draw.text((x0 + ramp_w + 140, y + 8), "ran, no strength", fill=drawing.MUTED, font=font)
 
-
-def to_comfy_image(image: Image.Image) -> torch.Tensor:
-    """A PIL image as a ComfyUI IMAGE: float32 [1, H, W, 3] in 0..1."""
-    array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-    return torch.from_numpy(array).unsqueeze(0)
 
 
 def timeline_tensor(trace: Trace, width: int | None = None, *,
                     message: str = "nothing recorded for this run") -> torch.Tensor:
     """``timeline_image`` as a ComfyUI IMAGE tensor."""
-    return to_comfy_image(timeline_image(trace, width, message=message))
+    return drawing.to_comfy_image(timeline_image(trace, width, message=message))
 
 
 def _steps_text(steps: list[int]) -> str:
