@@ -4,6 +4,8 @@ For tests of the hook engine on more than SD1.5. The text encoders of SDXL (CLIP
 Flux (CLIP-L + T5-XXL) are too large to build here, so conditioning is synthesized with the shapes
 the models take: SDXL cross-attention (77 x 2048), pooled_output (1280) and the size keys its ADM
 embedding reads; Flux text tokens (8 x context_in_dim), pooled vector (vec_in_dim) and guidance.
+The 2026 families of devtools/tiny_dits.py (in-memory models, LoRAs as tensors) take their shapes
+from its COND_SHAPES and ``sample(..., latent_shape=family.latent)``.
 Everything else is core: ``UNETLoader``, ``LoraLoaderModelOnly``, ``comfy.hooks`` (what the core
 hook nodes call), ``nodes.common_ksampler`` (what KSampler calls). Results are deterministic: a
 fixed seed gives a bit-identical latent on the CPU.
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import tiny_arch
+import tiny_dits
 import torch
 
 if TYPE_CHECKING:
@@ -46,9 +49,11 @@ COND_SHAPES = {
     "sd15": (77, 768, 768),
     "sdxl": (77, 2048, 1280),
     "flux": (8, tiny_arch.FLUX_DIT["context_in_dim"], tiny_arch.FLUX_DIT["vec_in_dim"]),
+    **tiny_dits.COND_SHAPES,  # the 2026 families (devtools/tiny_dits.py)
 }
 LATENT_SIZE = {"sd15": 16, "sdxl": 16, "flux": 8}  # latent pixels: 128x128 and 64x64 images
 Conditioning = list[list[Any]]  # ComfyUI's CONDITIONING: [[cross_attn, {"pooled_output": ..., ...}]]
+Tensors = dict[str, torch.Tensor]  # a LoRA's tensors, as a file holds them
 
 
 def _check_arch(arch: str, known: tuple[str, ...] = ARCHES) -> None:
@@ -89,11 +94,16 @@ def shared_model(arch: str) -> ModelPatcher:
 atexit.register(shared_model.cache_clear)  # while comfy is still importable: ModelPatcher.__del__ needs it
 
 
-def load_lora(model: ModelPatcher, lora_name: str, strength: float = 1.0) -> ModelPatcher:
-    """``model`` with a LoRA from ``loras/`` through LoraLoaderModelOnly (a patched clone)."""
+def load_lora(model: ModelPatcher, lora: str | Tensors, strength: float = 1.0) -> ModelPatcher:
+    """``model`` with a LoRA (a file in ``loras/``, or its tensors) through LoraLoaderModelOnly (a patched
+    clone); tensors go through ``comfy.sd.load_lora_for_models``, the node's body after it reads the file."""
+    import comfy.sd
+
     import nodes
 
-    return nodes.LoraLoaderModelOnly().load_lora_model_only(model, lora_name, strength)[0]
+    if isinstance(lora, dict):
+        return comfy.sd.load_lora_for_models(model, None, lora, strength, 0.0)[0]
+    return nodes.LoraLoaderModelOnly().load_lora_model_only(model, lora, strength)[0]
 
 
 def lora_state_dict(lora_name: str) -> dict[str, torch.Tensor]:
@@ -105,11 +115,13 @@ def lora_state_dict(lora_name: str) -> dict[str, torch.Tensor]:
     return comfy.utils.load_torch_file(path, safe_load=True)
 
 
-def hook_lora(lora_name: str, strength: float = 1.0) -> HookGroup:
-    """A core LoRA hook, as CreateHookLoraModelOnly makes it: ``comfy.hooks.create_hook_lora``."""
+def hook_lora(lora: str | Tensors, strength: float = 1.0) -> HookGroup:
+    """A core LoRA hook, as CreateHookLoraModelOnly makes it: ``comfy.hooks.create_hook_lora`` (of a file
+    in ``loras/``, or of the LoRA's tensors)."""
     import comfy.hooks
 
-    return comfy.hooks.create_hook_lora(lora_state_dict(lora_name), strength, strength)
+    tensors = lora if isinstance(lora, dict) else lora_state_dict(lora)
+    return comfy.hooks.create_hook_lora(tensors, strength, strength)
 
 
 def make_cond(
@@ -141,6 +153,8 @@ def make_cond(
         extra.update(width=size, height=size, crop_w=0, crop_h=0, target_width=size, target_height=size)
     elif arch == "flux":
         extra["guidance"] = 3.5  # FluxGuidance's default
+    elif arch == "ltxv":  # LTXV's forward takes the text encoder's attention mask (every token kept)
+        extra["attention_mask"] = torch.ones((1, tokens), dtype=torch.long)
     cond = [[cross_attn, extra]]
     return comfy.hooks.set_conds_props([cond], strength, set_cond_area, mask, hooks, timesteps_range)[0]
 
@@ -156,18 +170,21 @@ def sample(
     scheduler: str = "simple",
     latent_size: int | None = None,
     denoise: float = 1.0,
+    latent_shape: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """The latent ``nodes.common_ksampler`` (KSampler's body) makes from an empty latent.
 
     ``latent_size`` defaults to LATENT_SIZE of the model's architecture; the channel count comes from
-    the model's latent format (4 for SDXL, 16 for Flux).
+    the model's latent format (4 for SDXL, 16 for Flux). ``latent_shape`` (one sample, channels first:
+    ``(C, T, H, W)`` for video) replaces both.
     """
     import comfy.model_base
 
     import nodes
 
     size = latent_size or LATENT_SIZE["flux" if isinstance(model.model, comfy.model_base.Flux) else "sdxl"]
-    empty = {"samples": torch.zeros((1, model.model.latent_format.latent_channels, size, size))}
+    shape = latent_shape or (model.model.latent_format.latent_channels, size, size)
+    empty = {"samples": torch.zeros((1, *shape))}
     out = nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, empty,
                                 denoise=denoise)
     return out[0]["samples"]

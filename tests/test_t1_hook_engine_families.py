@@ -1,0 +1,188 @@
+"""T1: Fast Hooks on the 2026 families: tiny Flux.2, SD3.5, Wan 2.1, Wan 2.2 5B, HunyuanVideo 1.5, LTX-Video.
+
+Each model is built in memory with ComfyUI's own classes and loaded by its real loader (detection
+included), each LoRA in the format its trainers write (devtools/tiny_dits.py; which families cannot be
+made small, and why, is said there). Conditioning is synthesized (devtools/arch_sampling.py).
+
+- A LoRA hook on both conds equals LoraLoader, and so does core's own hook path, within 1e-4 of the
+  LoRA's effect; the engine plans the hook and claims every weight LoraLoader patches; the model's
+  weights are byte-identical afterwards.
+- Two masked regions, a scheduled hook on one and a plain hook on the other, equal core's hook path. On
+  the video families the scheduled hook's mask applies to every frame (one ``[1, H, W]`` mask) and the
+  other is a per-frame ``[T, H, W]`` mask.
+- Wan 2.2 14B's two stages (KSamplerAdvanced, steps 0-2 of 3 on the high-noise expert, 2-3 on the
+  low-noise one) with a LoRA hook on the high-noise stage only equal LoraLoader on the high-noise model.
+
+Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): it is not collected on
+0.3.75.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import arch_sampling
+import devpaths
+import pytest
+import tiny_dits
+import torch
+
+pytestmark = pytest.mark.t1
+
+
+def _newer() -> bool:
+    """ComfyUI 0.33; False where no ComfyUI is set (t0 alone collects this file without one)."""
+    try:
+        return devpaths.comfyui_version() != "0.3.75"
+    except RuntimeError:
+        return False
+
+
+FAMILIES = tiny_dits.families(_newer())
+FORMATS = [(name, fmt.name) for name in FAMILIES for fmt in tiny_dits.FAMILIES[name].loras]
+STEPS = 2
+STRENGTH = 0.8
+EXACT = 1e-4  # of the LoRA's effect (the largest change LoraLoader makes to the latent)
+
+
+class Models:
+    """Each family's tiny model and LoRAs, built on first use and shared by the module's tests."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, object] = {}
+
+    def get(self, name: str, fmt: str | None = None) -> tuple:
+        """(family, model, LoRA tensors in format ``fmt``: default the family's first)."""
+        family = tiny_dits.FAMILIES[name]
+        if name not in self._models:
+            self._models[name] = tiny_dits.load(family)
+        lora_format = next(f for f in family.loras if f.name == (fmt or family.loras[0].name))
+        return family, self._models[name], tiny_dits.lora(family, self._models[name], lora_format)
+
+
+@pytest.fixture(scope="module")
+def dits(comfy) -> Models:
+    return Models()
+
+
+@pytest.fixture(scope="module")
+def engine(comfy):
+    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+
+
+def sample(family, model, positive=None, negative=None, hooks=None) -> torch.Tensor:
+    positive = positive or arch_sampling.make_cond(family.name, 1, hooks=hooks)
+    negative = negative or arch_sampling.make_cond(family.name, 2, hooks=hooks)
+    return arch_sampling.sample(model, positive, negative, seed=0, steps=STEPS, latent_shape=family.latent)
+
+
+def assert_within(actual, expected, effect, what):
+    diff = (actual - expected).abs().max().item()
+    assert diff <= EXACT * effect, f"{what}: max |diff| {diff:.3g} > {EXACT} x the LoRA's effect {effect:.3g}"
+
+
+@pytest.mark.parametrize(("name", "fmt"), FORMATS)
+def test_fast_hooks_equal_loraloader_and_core_hooks(dits, engine, weights_digest, name, fmt):
+    import comfy.lora
+    import comfy.lora_convert
+
+    family, model, lora = dits.get(name, fmt)
+    before = weights_digest(model)
+    base = sample(family, model)
+    expected = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))
+    effect = (expected - base).abs().max().item()
+    assert effect > 1e-2 * expected.abs().max().item(), "the LoRA does (almost) nothing"
+
+    core = sample(family, model, hooks=arch_sampling.hook_lora(lora, STRENGTH))
+    assert_within(core, expected, effect, f"{name} {fmt}: core's hook vs LoraLoader")
+
+    fast = engine.enable_hook_engine(model)
+    hooks = arch_sampling.hook_lora(lora, STRENGTH)
+    plans = engine.hook_engine_of(fast).plans_built
+    actual = sample(family, fast, hooks=hooks)
+    assert_within(actual, expected, effect, f"{name} {fmt}: Fast Hooks vs LoraLoader")
+
+    assert engine.hook_engine_of(fast).plans_built == plans + 1, "the engine did not plan the hook"
+    parsed = engine.hook_engine_of(fast).hook_patches(fast.model, hooks.hooks[0])
+    key_map = comfy.lora.model_lora_keys_unet(model.model, {})
+    with arch_sampling.logged() as unmatched:  # "lora key not loaded: ..."
+        loraloader_keys = comfy.lora.load_lora(comfy.lora_convert.convert_lora(lora), key_map)
+    modules = sum(key.endswith((".lora_A.weight", ".lora_down.weight")) for key in lora)
+    assert not unmatched and len(loraloader_keys) == modules, "ComfyUI does not map every LoRA module"
+    assert parsed.reason is None and set(parsed.patches) == set(loraloader_keys), "not every weight claimed"
+    assert weights_digest(model) == before and not model.patches and not model.hook_patches
+
+
+def _regions(family, lora, repeat: bool = False) -> tuple[list, list]:
+    """Positive: a scheduled hook on the left half (of every frame: one [1, H, W] mask, or with
+    ``repeat`` that mask repeated for each frame) and a plain hook on the right half; on a video, under a
+    per-frame mask ([T, H, W]: the right half of frame 0, all of the others). Negative: no hook."""
+    import comfy.hooks
+
+    frames, height, width = (1, *family.latent[1:]) if not family.video else family.latent[1:]
+    every_frame = torch.zeros((1, height, width))
+    every_frame[:, :, : width // 2] = 1.0
+    per_frame = torch.ones((frames, height, width))
+    per_frame[0] = 1.0 - every_frame[0]
+    every_frame = every_frame.repeat(frames, 1, 1) if repeat else every_frame
+    keyframes = comfy.hooks.HookKeyframeGroup()
+    for percent, strength in ((0.0, 1.0), (0.5, 0.3)):
+        keyframes.add(comfy.hooks.HookKeyframe(strength=strength, start_percent=percent))
+    scheduled = arch_sampling.hook_lora(lora, 1.0)
+    scheduled.set_keyframes_on_hooks(keyframes)  # what SetHookKeyframes does
+    plain = arch_sampling.hook_lora(lora, 0.6)
+    positive = (arch_sampling.make_cond(family.name, 1, hooks=scheduled, mask=every_frame)
+                + arch_sampling.make_cond(family.name, 3, hooks=plain, mask=per_frame))
+    return positive, arch_sampling.make_cond(family.name, 2)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_regional_and_scheduled_hooks_equal_core(dits, engine, weights_digest, name):
+    family, model, lora = dits.get(name)
+    before = weights_digest(model)
+    positive, negative = _regions(family, lora)
+    expected = sample(family, model, positive, negative)
+    unhooked = [[cond, {k: v for k, v in extra.items() if k != "hooks"}] for cond, extra in positive]
+    effect = (expected - sample(family, model, unhooked, negative)).abs().max().item()
+    assert effect > 1e-2 * expected.abs().max().item(), "the regional hooks do (almost) nothing"
+    actual = sample(family, engine.enable_hook_engine(model), positive, negative)
+    assert_within(actual, expected, effect, f"{name}: two masked regions, engine vs core")
+    if family.video:  # core applies a [1, H, W] mask to every frame of a video latent
+        repeated = sample(family, model, *_regions(family, lora, repeat=True))
+        assert_within(repeated, expected, effect, f"{name}: the mask repeated for each frame, core")
+    assert weights_digest(model) == before and not model.patches and not model.hook_patches
+
+
+def two_stages(family, high, low, hooks=None) -> torch.Tensor:
+    """Wan 2.2 14B's workflow: KSamplerAdvanced steps 0-2 of 3 on ``high`` (noise added, leftover noise
+    returned), then 2-3 on ``low``; ``hooks`` on the high-noise stage's conds only."""
+    import nodes
+
+    sampler = nodes.KSamplerAdvanced()
+    latent = {"samples": torch.zeros((1, *family.latent))}
+    stages = ((high, hooks, "enable", 0, 2, "enable"), (low, None, "disable", 2, 3, "disable"))
+    for model, stage_hooks, add_noise, start, end, leftover in stages:
+        positive = arch_sampling.make_cond(family.name, 1, hooks=stage_hooks)
+        negative = arch_sampling.make_cond(family.name, 2, hooks=stage_hooks)
+        (latent,) = sampler.sample(model, add_noise, 0, 3, 2.0, "euler", "simple", positive, negative,
+                                   latent, start, end, leftover)
+    return latent["samples"]
+
+
+def test_wan22_two_stages_with_a_lora_on_the_high_noise_model_only(engine, weights_digest):
+    family = tiny_dits.FAMILIES["wan21"]  # Wan 2.2 14B: two Wan 2.1-layout experts
+    high, low = tiny_dits.load(family, "high"), tiny_dits.load(family, "low")
+    lora = tiny_dits.lora(family, high)
+    before = weights_digest(high), weights_digest(low)
+    base = two_stages(family, high, low)
+    expected = two_stages(family, arch_sampling.load_lora(high, lora, STRENGTH), low)
+    effect = (expected - base).abs().max().item()
+    assert effect > 1e-2 * expected.abs().max().item(), "the LoRA does (almost) nothing"
+    core = two_stages(family, high, low, arch_sampling.hook_lora(lora, STRENGTH))
+    assert_within(core, expected, effect, "two stages: core's hook vs LoraLoader")
+    fast_high, fast_low = engine.enable_hook_engine(high), engine.enable_hook_engine(low)
+    plans = engine.hook_engine_of(fast_high).plans_built
+    actual = two_stages(family, fast_high, fast_low, arch_sampling.hook_lora(lora, STRENGTH))
+    assert_within(actual, expected, effect, "two stages: Fast Hooks vs LoraLoader")
+    assert engine.hook_engine_of(fast_high).plans_built == plans + 1, "the engine did not plan the hook"
+    assert (weights_digest(high), weights_digest(low)) == before
