@@ -9,7 +9,10 @@ dynamic VRAM stays off), with torch pinned to one thread. A focused re-check of 
 Models (``--arch``, devtools/bench_models.py; euler, CFG 7): ``tiny``, the tiny SD1.5 checkpoint,
 10 steps at 8x8 and 16x16 (issue 4); ``sd15-full``, an SD1.5-size UNet with rank-32 LoRAs, 10 steps
 at 16x16; ``sdxl-full``, an SDXL-size UNet, 20 steps at 128x128 (1024 x 1024), the regional scenario
-with plain, core and Fast Hooks, for ``--device cuda`` (``sdxl-small``: its code path, CPU-sized).
+with plain, core and Fast Hooks, for ``--device cuda`` (``sdxl-small``: its code path, CPU-sized);
+``wan-full`` (issue 31 item 7), a 2026 DiT at its real width: two of Wan 2.1 14B's 40 blocks (5120
+wide, 935.5 M parameters), rank-32 LoRAs on every attention and feed-forward linear, 4 steps on one
+16x16 latent frame, synthesized 4096-wide text tokens; every scenario and contender.
 ``--compile`` (issue 18 item 3): every contender samples the model compiled by ComfyUI's
 TorchCompileModel (inductor); "plain" is then the compiled model without hooks, and the untimed warm-up
 round compiles every graph. No memory probes then.
@@ -155,6 +158,9 @@ class Bench:
         self.meter = bench_memory.RunMeter(setup.device)
 
     def latent(self, side: int):
+        if self.setup.spec.video:  # what a video model's empty-latent node gives: [1, C, T, H, W]
+            channels, frames = self.setup.spec.video
+            return {"samples": self.torch.zeros((1, channels, frames, side, side))}
         (latent,) = self.n["EmptyLatentImage"]().generate(side * 8, side * 8, 1)
         return latent
 

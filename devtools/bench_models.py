@@ -77,6 +77,20 @@ SDXL_UNET = {
 }
 
 
+# Wan 2.1 14B (text to video) as comfy/model_detection.py reports it for the real file, two of its 40
+# blocks: 5120 wide, 40 heads, feed-forward 13824, text 4096 (umt5-xxl).
+WAN14B_BLOCKS = 2
+WAN14B = {
+    "image_model": "wan2.1", "model_type": "t2v", "patch_size": (1, 2, 2), "in_dim": 16, "out_dim": 16,
+    "dim": 5120, "ffn_dim": 13824, "freq_dim": 256, "text_dim": 4096, "num_heads": 40,
+    "num_layers": WAN14B_BLOCKS, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True,
+    "eps": 1e-6,
+}
+# musubi-tuner's and ai-toolkit's Wan targets: every attention (self and cross) and feed-forward linear
+WAN_LORA_TARGETS = tuple(f".{attn}.{p}.weight" for attn in ("self_attn", "cross_attn") for p in "qkvo") + (
+    ".ffn.0.weight", ".ffn.2.weight")
+
+
 @dataclass(frozen=True)
 class Targets:
     """Ratios a run is held to: Fast Hooks / plain, core / Fast Hooks (regional), seed re-run /
@@ -103,8 +117,11 @@ class ArchSpec:
     scenarios: tuple[str, ...]
     contenders: tuple[str, ...]
     targets: Targets
-    prompts: str = "clip"  # "clip": the tiny checkpoint's CLIP-L; "synthesized": random, SDXL shapes
+    prompts: str = "clip"  # "clip": the tiny checkpoint's CLIP-L; "synthesized": random, SDXL shapes;
+    # "wan": random, Wan 2.1's (umt5-xxl's 4096-wide tokens)
     expected_params: int = 0  # UNet parameters, checked when the model is built
+    lora_targets: tuple[str, ...] = LORA_TARGETS  # weights the LoRAs patch, by the end of their key
+    video: tuple[int, int] | None = None  # (latent channels, frames) of a video model's empty latent
 
     def unet_file(self) -> str:
         return f"patchbay-bench-{self.name}-{CACHE_TAG}.safetensors"
@@ -139,6 +156,13 @@ ARCHES = {
         unet=SDXL_UNET, lora_names="ldm", sizes=(128,), steps=20, rounds=3, scenarios=("regional_two_loras",),
         contenders=("nohook", "core", "patchbay"), targets=ISSUE_18, prompts="synthesized",
         expected_params=2_567_463_684),
+    # A 2026 DiT at its real width (issue 31 item 7): Wan 2.1 14B's blocks, two of them, one latent frame
+    # of 16 x 16 (64 image tokens), 8 text tokens; rank-32 LoRAs on every attention and feed-forward linear.
+    "wan-full": ArchSpec(
+        "wan-full", f"Wan 2.1 14B width, {WAN14B_BLOCKS} of its 40 blocks (fp16), rank-32 LoRAs",
+        model_class="WAN21_T2V", unet=WAN14B, lora_names="ldm", sizes=(16,), steps=4, rounds=3,
+        scenarios=ALL_SCENARIOS, contenders=ALL_CONTENDERS, targets=ISSUE_18, prompts="wan",
+        expected_params=935_508_032, lora_targets=WAN_LORA_TARGETS, video=(16, 1)),
 }
 
 
@@ -195,12 +219,13 @@ def meta_model(spec: ArchSpec) -> torch.nn.Module:
     return model
 
 
-def kohya_targets(model: torch.nn.Module, style: str) -> dict[str, tuple[int, ...]]:
-    """kohya module name -> weight shape for every LORA_TARGETS weight, named the way comfy.lora maps
+def kohya_targets(model: torch.nn.Module, style: str,
+                  targets: tuple[str, ...] = LORA_TARGETS) -> dict[str, tuple[int, ...]]:
+    """kohya module name -> weight shape for every ``targets`` weight, named the way comfy.lora maps
     them: ``style`` "ldm" is the module path, "diffusers" the other name comfy.lora knows it by."""
     import comfy.lora
 
-    shapes = {key: tuple(t.shape) for key, t in model.state_dict().items() if key.endswith(LORA_TARGETS)}
+    shapes = {key: tuple(t.shape) for key, t in model.state_dict().items() if key.endswith(targets)}
     module = {key: key.removeprefix("diffusion_model.").removesuffix(".weight") for key in shapes}
     ldm_names = {"lora_unet_" + module[key].replace(".", "_"): key for key in shapes}
     if style == "ldm":
@@ -240,7 +265,7 @@ def generate(spec: ArchSpec) -> None:
         metadata = tiny_models.model_metadata(path.stem, spec.name, GENERATOR)
         tiny_models.write_safetensors(path, tensors, metadata)
         del tensors
-    targets = kohya_targets(model, spec.lora_names)
+    targets = kohya_targets(model, spec.lora_names, spec.lora_targets)
     for lora in lora_paths(spec):
         if not lora.is_file():
             metadata = {**tiny_models.model_metadata(lora.stem, f"{spec.name}/lora", GENERATOR),
@@ -276,6 +301,10 @@ def load(spec: ArchSpec, n: dict) -> BenchInputs:
         folder_paths.add_model_folder_path(folder, str(bench_dir() / folder))
     if spec.prompts == "clip":  # the CLIP is let go: these LoRAs have no text-encoder keys to map
         prompts = encode_prompts(n, n["CheckpointLoaderSimple"]().load_checkpoint(TINY_CKPT)[1])
+    elif spec.prompts == "wan":
+        import arch_sampling
+
+        prompts = {name: arch_sampling.make_cond("wan21", seed) for seed, name in enumerate(PROMPTS)}
     else:
         prompts = synthesized_prompts(spec)
     return BenchInputs(load_unet(spec), None, prompts, spec.lora_files())

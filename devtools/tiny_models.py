@@ -259,12 +259,15 @@ def _init_param(module: torch.nn.Module, name: str, shape: tuple[int, ...], seed
         return torch.ones(shape, dtype=torch.float16)
     if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)) and name == "weight":
         return torch.ones(shape, dtype=torch.float16)
-    if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.Linear, torch.nn.Conv2d)):
+    if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.Linear, torch.nn.Conv2d,
+                           torch.nn.Conv3d)):
         if name == "bias":
             return torch.zeros(shape, dtype=torch.float16)
         return uniform(seed, shape, GAIN / math.sqrt(math.prod(shape[1:])))
     if isinstance(module, torch.nn.Embedding):
         return uniform(seed, shape, EMBEDDING_STD)
+    if name == "modulation":  # Wan's per-block shift/scale/gate table, added to the time embedding
+        return uniform(seed, shape, GAIN / math.sqrt(shape[-1]))
     kind = f"{type(module).__name__}.{name}"
     raise TypeError(f"no initialisation rule for {seed} ({kind}); add one to _init_param.")
 
