@@ -69,9 +69,11 @@ def page(method) -> str:
                   f"{_range(p)} |" for p in method.params]
         if any(p.type in (float, int) for p in method.params):
             lines += ["", MAP_NOTE]
-    lines += ["", "## Output", "",
+    output = (f"`recipe`: one {method.returns.__name__} per key. Connect it to the `<parameter>_map` input "
+              f"of a parameter of that type (truncate_rank's `rank_map`)." if method.returns else
               f"`recipe`: {SPACES[method.output]}. Connect it to another method node, or to Merge (a MODEL, "
-              f"CLIP and VAE in the graph), Save Merge (a checkpoint file) or Extract LoRA.", "",
+              f"CLIP and VAE in the graph), Save Merge (a checkpoint file) or Extract LoRA.")
+    lines += ["", "## Output", "", output, "",
               "Names, formulas and defaults follow sd-mecha 1.1.8, or mergekit's formulas for the methods "
               "taken from it; docs/merge-methods.md gives each formula and any difference.",
               "",

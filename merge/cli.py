@@ -5,7 +5,7 @@ Run it through ``devtools/patchbay_merge.py``, or call ``main([...])`` from a sc
 one ``error:`` line and exits with status 2; nothing is written in that case.
 
     patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
-    patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9
+    patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9 | --lokr 0.5
     patchbay_merge.py lora-stack out.safetensors a.safetensors:0.8 b.safetensors:-0.5 --rank 32
     patchbay_merge.py show recipe.mecha [--compact]
     patchbay_merge.py validate recipe.mecha
@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     size = extract.add_mutually_exclusive_group()
     size.add_argument("--rank", type=int, help=f"rank of every module (default {ExtractOptions.rank})")
     size.add_argument("--energy", type=float, help="keep this fraction of each delta's spectral energy (0-1]")
+    size.add_argument("--lokr", type=float, metavar="RATIO",
+                      help="write a LoKr (lokr_w1, lokr_w2: the nearest Kronecker product) instead; RATIO in "
+                           "[0, 1] sizes w1 (0.5: w1 and w2 of similar size)")
     extract.add_argument("--conv-rank", type=int, help="rank of 3x3 convolutions (default: --rank)")
     extract.add_argument("--dtype", choices=tuple(OUT_DTYPES), default=ExtractOptions.dtype,
                          help="(%(default)s)")
@@ -239,7 +242,7 @@ def run_extract(args: argparse.Namespace) -> int:
     rank = args.rank if args.rank is not None or args.energy is not None else ExtractOptions.rank
     options = ExtractOptions(rank=rank, energy=args.energy, conv_rank=args.conv_rank, dtype=args.dtype,
                              device=args.device, overwrite=args.overwrite, search_dirs=_search_dirs(args),
-                             architecture_policy=args.architecture_policy)
+                             architecture_policy=args.architecture_policy, kronecker_ratio=args.lokr)
     report = extract_lora(load_recipe(args), args.output, options)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)

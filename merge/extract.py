@@ -11,6 +11,10 @@ Names are those ComfyUI's LoraLoader maps without warnings: ``lora_unet_`` + the
 (``input_blocks_1_1_proj_in``) and ``lora_te_`` / ``lora_te1_`` + the CLIP-L module path. Deltas that
 LoRA cannot carry (biases, norms, embeddings: listed in ``ExtractReport.dropped``, not evaluated)
 and all-zero deltas are left out.
+
+With ``kronecker_ratio`` it writes a LoKr instead (LyCORIS ``lokr_w1`` / ``lokr_w2`` per module, no
+alpha: ComfyUI adds ``kron(w1, w2)``): the nearest single Kronecker product to each delta, w1 sized by
+the ratio (merge/methods/kronecker.py, the factors of sd-mecha's ``extract_lycoris_lokr``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from . import io as mio
 from .context import KeyContext, checked_steps
 from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from .lora_keys import TEXT_ENCODERS
+from .methods.kronecker import kronecker_factors
 from .steps import check_maps, compile_recipe, recipe_text
 from .stream import Evaluator
 
@@ -37,7 +42,8 @@ _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|o
 
 @dataclass(frozen=True)
 class ExtractOptions:
-    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1).
+    """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1);
+    ``kronecker_ratio`` in [0, 1] writes a rank-1 LoKr instead (0: w1 as small as can be, 1 as large).
 
     ``architecture_policy``, ``resolve``, ``check`` and ``on_progress`` (keys done, keys in all) as in
     ``MergeOptions``: inputs of different families or block counts are refused unless it is ``"allow"``.
@@ -55,9 +61,13 @@ class ExtractOptions:
     resolve: Callable[[str], Any] | None = field(default=None, compare=False)  # as in MergeOptions
     check: Callable[[], None] | None = field(default=None, compare=False)
     on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    kronecker_ratio: float | None = None
 
     def __post_init__(self) -> None:
         check_size(self.rank, self.energy, self.dtype)
+        if self.kronecker_ratio is not None and not 0 <= self.kronecker_ratio <= 1:
+            raise ValueError(f"kronecker_ratio={self.kronecker_ratio}: give a fraction in [0, 1] (0.5: w1 "
+                             f"and w2 of similar size), or none for a LoRA")
         if self.architecture_policy not in ARCHITECTURE_POLICIES:
             raise ValueError(f"ExtractOptions.architecture_policy={self.architecture_policy!r}; choose one "
                              f"of {', '.join(ARCHITECTURE_POLICIES)}")
@@ -124,8 +134,10 @@ def extract_lora(recipe: object, out_path: str | Path,
         raise ValueError("the recipe's delta is zero on every key LoRA can carry: nothing to extract "
                          "(is it a delta, e.g. subtract(tuned, base)?)")
     ranks = sorted(set(report.ranks.values()))
-    metadata = {"ss_network_module": "networks.lora", "ss_network_dim": str(max(ranks)),
-                "ss_network_alpha": str(max(ranks)), "patchbay.recipe": recipe_text(recipe, report.arch),
+    network = {"ss_network_module": "networks.lora", "ss_network_dim": str(max(ranks)),
+               "ss_network_alpha": str(max(ranks))} if options.kronecker_ratio is None else \
+        {"ss_network_module": "lycoris.kohya", "ss_network_args": '{"algo": "lokr"}'}
+    metadata = {**network, "patchbay.recipe": recipe_text(recipe, report.arch),
                 "patchbay.generator": "ComfyUI-Patchbay extract"}
     mio.save_file(dict(sorted(tensors.items())), out_path, metadata, overwrite=options.overwrite)
     report.modules = len(report.ranks)
@@ -141,7 +153,7 @@ def _modules(graph: Any, sources: list, options: ExtractOptions,
     errors: list[float] = []
     weights = [s for s in sources if s.space == "weight"] or sources
     keys = dict.fromkeys(key for source in weights for key in source.keys())  # noqa: SIM118
-    evaluator = Evaluator(graph, "overlap")
+    evaluator = Evaluator(graph, "overlap", sources=sources)  # related= methods read other keys
     report.arch = weights[0].arch
     check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
     dtype = OUT_DTYPES[options.dtype]
@@ -153,13 +165,22 @@ def _modules(graph: Any, sources: list, options: ExtractOptions,
         delta = _delta(evaluator, graph, sources, key, report.arch, options.device)
         if delta is None or delta.dim() not in (2, 4) or not torch.any(delta):
             continue
-        up, down, rank, error = decompose(delta, _rank_for(delta, options), options.energy)
-        tensors[f"{name}.lora_up.weight"] = up.to(dtype).cpu()
-        tensors[f"{name}.lora_down.weight"] = down.to(dtype).cpu()
-        tensors[f"{name}.alpha"] = torch.tensor(float(rank), dtype=dtype)
+        parts, rank, error = _module(delta, options)
+        tensors |= {f"{name}.{part}": value.to(dtype).cpu() for part, value in parts.items()}
         report.ranks[name] = rank
         errors.append(error)
     return tensors, errors
+
+
+def _module(delta: torch.Tensor, options: ExtractOptions) -> tuple[dict[str, torch.Tensor], int, float]:
+    """One module's tensors by part name, its rank and its relative error: a LoRA or a LoKr."""
+    if options.kronecker_ratio is not None:
+        w1, w2 = kronecker_factors(delta, options.kronecker_ratio)
+        kernel = (None,) * (delta.dim() - 2)
+        error = float((delta - torch.kron(w1[(...,) + kernel], w2)).norm() / delta.norm())
+        return {"lokr_w1": w1, "lokr_w2": w2}, 1, error
+    up, down, rank, error = decompose(delta, _rank_for(delta, options), options.energy)
+    return {"lora_up.weight": up, "lora_down.weight": down, "alpha": torch.tensor(float(rank))}, rank, error
 
 
 def _delta(evaluator: Evaluator, graph: object, sources: list, key: str, arch: str,

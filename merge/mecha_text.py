@@ -15,9 +15,10 @@ sd-mecha writes every scalar as three lines (``dict key=v`` / ``literal &N
 model_config="singleton-mecha"`` / ``merge "convert_singleton" &N``); ``parse`` collapses that,
 and the block-map conversions, to one LiteralNode, and reads its LoRA conversion calls
 (``merge "convert_'sd1-kohya_kohya_lora'_to_base" &N`` then ``"convert_'sd1-kohya'_to_'sd1-ldm'"``)
-as the LoRA file in delta space. ``dumps`` (merge/mecha_write.py) writes sd-mecha's form or a
-compact one; ``parse(dumps(r)) == r`` for recipes made by the builders of merge/recipe.py (a block
-map with ``default`` comes back with the default spread over the blocks).
+as the LoRA file in delta space, and the per-model implementations sd-mecha dispatched to
+(``balance_attention_sdxl_sgm``) as the method itself. ``dumps`` (merge/mecha_write.py) writes
+sd-mecha's form or a compact one; ``parse(dumps(r)) == r`` for recipes made by the builders of
+merge/recipe.py (a block map with ``default`` comes back with the default spread over the blocks).
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ CONSTANTS = {"null": None, "true": True, "false": False}
 COLLAPSED_CONVERSIONS = ("convert_singleton", "convert_sd1_blocks_to_ldm", "convert_sdxl_blocks_to_sgm")
 _LORA_CONVERSION = re.compile(r"convert_'(?:sd1|sdxl)-kohya_(?:kohya|lycoris)_lora'_to_base")
 _BASE_CONVERSION = re.compile(r"convert_'((?:sd1|sdxl)-kohya)'_to_'(?:sd1-ldm|sdxl-sgm)'")
+IMPLEMENTATIONS = {  # sd-mecha writes the implementation it dispatched to, ours is the one method
+    "exchange_ema_'sd1-ldm'": "exchange_ema",
+    "balance_attention_sdxl_sgm": "balance_attention",
+}
+LEFT_OUT = (  # sd-mecha 1.1.8 built-ins Patchbay does not have (docs/merge-methods.md says why): the remedy
+    (re.compile(r"get_dtype"), 'write the dtype itself (cast(a, dtype="float16")): every input is fp32 here'),
+    (re.compile(r"get_device"), "leave the device out: the merge's device option places every tensor"),
+    (re.compile(r"(rebasin|randperm)(_sdxl_sgm)?"),
+     "leave it out (re-basin needs a permutation spec per family: docs/merge-methods.md)"),
+    (re.compile(r"extract_(kohya|lycoris)_(lora|lokr)|extract_(lora|lokr)_'.*'"),
+     "extract with `patchbay_merge.py extract` (--lokr RATIO for a LoKr) or the Extract LoRA node instead"),
+)
 
 
 class MechaSyntaxError(ValueError):
@@ -274,6 +287,10 @@ def _merge(args: list, kwargs: dict) -> Node:
         return inputs[0]
     if method.startswith("convert_'"):
         return _conversion(method, inputs)
+    method = IMPLEMENTATIONS.get(method, method)
+    for pattern, remedy in LEFT_OUT:
+        if pattern.fullmatch(method):
+            raise ValueError(f"sd-mecha's {method!r} is not a Patchbay method; {remedy}")
     values = [LiteralNode(dict(v)) if isinstance(v, _Map) else v for v in inputs]
     named = {k: LiteralNode(dict(v)) if isinstance(v, _Map) else v for k, v in kwargs.items()}
     return rc.call(method, *values, **named)

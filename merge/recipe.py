@@ -153,6 +153,7 @@ def check_call(node: CallNode, path: tuple[str, ...], spec: MergeMethod | None =
     for index, arg in enumerate(node.args):
         wanted, got = spec.input_space(index), output_space(arg)
         where = path + (_input_label(spec, index),)
+        _check_tensor(arg, where)
         if wanted == ANY and got != ANY:
             if any_space not in (None, got):
                 raise RecipeError(where, f"is in {got} space but the other inputs are in {any_space} space")
@@ -177,6 +178,10 @@ def _check_kwarg(spec: MergeMethod, name: str, value: Node, path: tuple[str, ...
                 raise RecipeError(path, f"{scalar!r}{entry} is not a {pspec.type.__name__}")
             if why := pspec.out_of_range(scalar):
                 raise RecipeError(path, f"{scalar!r}{entry} {why}")
+    elif isinstance(value, CallNode) and (returns := _method(value.method, path).returns) is not None:
+        if not (returns is pspec.type or (returns is int and pspec.type is float)):
+            raise RecipeError(path, f"{value.method} gives one {returns.__name__} per key, but {name} takes "
+                                    f"a {pspec.type.__name__}")
     elif isinstance(value, CallNode):
         if pspec.type is not float or output_space(value, path) != PARAM:
             raise RecipeError(path, "only a float parameter takes a method call, and that call must "
@@ -214,6 +219,14 @@ def validate(root: Node) -> None:
             check_call(node, path)
         elif isinstance(node, (LiteralNode, ParamNode)) and not path:
             raise RecipeError(path, "a recipe's result must be a tensor recipe, not a scalar")
+    _check_tensor(root, ())
+
+
+def _check_tensor(node: Node, path: tuple[str, ...]) -> None:
+    """Refuse a call that gives one value per key (``get_rank_from_ratio``) where a tensor is wanted."""
+    if isinstance(node, CallNode) and (returns := _method(node.method, path).returns) is not None:
+        raise RecipeError(path, f"{node.method} gives one {returns.__name__} per key, not a tensor: pass it "
+                                f"to such a parameter (truncate_rank(d, rank={node.method}(d)))")
 
 
 def walk(root: Node) -> Iterator[tuple[tuple[str, ...], Node]]:

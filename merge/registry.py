@@ -14,6 +14,16 @@ The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn
 ``ctx.seed`` / ``ctx.generator()``): only such methods see the merge seed (the others get 0), so only
 their results, and what is computed from them, are cached per seed.
 
+A method that needs other keys than the one it evaluates (``exchange_ema`` reads the EMA copy of a
+key, ``balance_attention`` the q, k, v and o of one attention layer) is registered with
+``related=fn``: ``fn(key, arch, keys)`` names the keys it reads (``keys`` are every input's keys), and
+each tensor input, annotated ``WeightGroup`` / ``AnyGroup``, arrives as a dict from those keys to that
+input's tensor (a key the input lacks is absent). It returns the tensor of ``ctx.key`` alone.
+
+A method annotated ``-> int`` (or ``-> str``) returns one number per key instead of a tensor
+(``get_rank_from_ratio``): it is a param-space call that only a parameter of that type takes
+(``truncate_rank(d, rank=get_rank_from_ratio(d))``), never a tensor input or a recipe's result.
+
 Importing this module registers the built-in methods (merge/methods/, imported at its end); a
 built-in module that fails to import fails this import too, so no caller sees methods missing.
 """
@@ -41,12 +51,16 @@ SCALAR_TYPES: tuple[type, ...] = (float, int, bool, str)
 @dataclass(frozen=True)
 class _Space:
     name: str
+    group: bool = False  # the input is a dict key -> tensor of the keys ``related`` names
 
 
 Weight = Annotated[torch.Tensor, _Space(WEIGHT)]
 Delta = Annotated[torch.Tensor, _Space(DELTA)]
 Param = Annotated[torch.Tensor, _Space(PARAM)]
 AnySpace = Annotated[torch.Tensor, _Space(ANY)]
+WeightGroup = Annotated[dict[str, torch.Tensor], _Space(WEIGHT, group=True)]
+AnyGroup = Annotated[dict[str, torch.Tensor], _Space(ANY, group=True)]
+Related = Callable[[str, str, frozenset[str]], tuple[str, ...]]  # (key, arch, every input key) -> keys read
 
 
 class MethodDefinitionError(TypeError):
@@ -65,6 +79,7 @@ class InputSpec:
     name: str
     space: str
     variadic: bool = False
+    group: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,8 @@ class MergeMethod:
     accepts_missing: bool = False
     elementwise: bool = False
     random: bool = False
+    related: Related | None = None
+    returns: type | None = None  # int or str: one such value per key (output space param), not a tensor
 
     @property
     def variadic(self) -> bool:
@@ -148,18 +165,19 @@ _REGISTRY: dict[str, MergeMethod] = {}
 
 
 def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = None, paper: str | None = None,
-                 accepts_missing: bool = False, elementwise: bool = False, random: bool = False) -> Any:
+                 accepts_missing: bool = False, elementwise: bool = False, random: bool = False,
+                 related: Related | None = None) -> Any:
     """Register ``fn`` as a merge method; usable bare (``@merge_method``) or with options.
 
     ``name`` defaults to the function name; ``paper`` is a URL shown in the methods table;
     ``accepts_missing`` makes the executor pass ``None`` for inputs that lack the key;
     ``elementwise`` declares that output element i depends only on element i of the inputs, with
     no randomness, so the executor may evaluate the method slice by slice; ``random`` that it draws
-    random numbers from ``ctx.seed`` (see the module docstring).
+    random numbers from ``ctx.seed``; ``related`` that it reads other keys (see the module docstring).
     Raises ``MethodDefinitionError`` for a bad signature or an already registered name.
     """
     def register(func: Callable[..., Any]) -> MergeMethod:
-        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise, random)
+        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise, random, related)
         if method.name in _REGISTRY:
             raise MethodDefinitionError(
                 f"merge method {method.name!r} is already registered; pick another name "
@@ -199,7 +217,7 @@ def scope() -> Iterator[None]:
 # ---- signature checking ---------------------------------------------------------------------------
 
 def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missing: bool,
-           elementwise: bool, random: bool = False) -> MergeMethod:
+           elementwise: bool, random: bool = False, related: Related | None = None) -> MergeMethod:
     where = f"merge method {name!r} ({func.__module__}.{func.__qualname__})"
     if not name.isidentifier():
         raise MethodDefinitionError(f"{where}: the name must be an identifier")
@@ -225,10 +243,11 @@ def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missi
         raise MethodDefinitionError(f"{where}: the variadic input must come last")
     if "return" not in hints:
         raise MethodDefinitionError(f"{where}: annotate the return with a merge space (Weight, Delta, ...)")
-    output = _space_of(hints["return"])
+    returns = hints["return"] if hints["return"] in (int, str) else None
+    output = PARAM if returns is not None else _space_of(hints["return"])
     if output is None:
-        raise MethodDefinitionError(f"{where}: the return annotation must be a merge space, "
-                                    f"got {hints['return']!r}")
+        raise MethodDefinitionError(f"{where}: the return annotation must be a merge space (or int / str "
+                                    f"for one value per key), got {hints['return']!r}")
     if output == ANY and all(spec.space != ANY for spec in inputs):
         raise MethodDefinitionError(f"{where}: returns AnySpace but has no AnySpace input to take it from")
     doc = (inspect.getdoc(func) or "").strip().splitlines()
@@ -237,19 +256,36 @@ def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missi
     if random and elementwise:
         raise MethodDefinitionError(f"{where}: a random method cannot be elementwise (its slices would "
                                     f"draw differently from the whole tensor)")
+    _check_groups(where, inputs, related, elementwise or accepts_missing)
     return MergeMethod(name, doc[0], paper, tuple(inputs), tuple(params), output,
-                       func if takes_ctx else _drop_ctx(func), accepts_missing, elementwise, random)
+                       func if takes_ctx else _drop_ctx(func), accepts_missing, elementwise, random, related,
+                       returns)
+
+
+def _check_groups(where: str, inputs: list[InputSpec], related: Related | None, flagged: bool) -> None:
+    """``related`` and group inputs (``WeightGroup`` / ``AnyGroup``) come together, and alone."""
+    grouped = {spec.group for spec in inputs}
+    if related is not None and grouped != {True}:
+        raise MethodDefinitionError(f"{where}: with related=, annotate every tensor input WeightGroup or "
+                                    f"AnyGroup (each arrives as a dict key -> tensor)")
+    if related is None and True in grouped:
+        raise MethodDefinitionError(f"{where}: group inputs (WeightGroup, AnyGroup) need related=, the "
+                                    f"function that names the keys they hold")
+    if related is not None and flagged:
+        raise MethodDefinitionError(f"{where}: a method with related= cannot be elementwise or "
+                                    f"accepts_missing (it gets whole tensors of several keys)")
 
 
 def _input_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> InputSpec:
     space = _space_of(hints.get(p.name))
+    group = any(getattr(m, "group", False) for m in getattr(hints.get(p.name), "__metadata__", ()))
     if space is None:
         raise MethodDefinitionError(
             f"{where}: tensor input {p.name!r} must be annotated Weight, Delta, Param or AnySpace "
-            f"(scalars go after '*' as keyword-only parameters)")
+            f"(WeightGroup or AnyGroup with related=; scalars go after '*' as keyword-only parameters)")
     if p.default is not p.empty:
         raise MethodDefinitionError(f"{where}: tensor input {p.name!r} cannot have a default")
-    return InputSpec(p.name, space, p.kind is p.VAR_POSITIONAL)
+    return InputSpec(p.name, space, p.kind is p.VAR_POSITIONAL, group)
 
 
 def _param_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> ParamSpec:

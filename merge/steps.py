@@ -68,6 +68,7 @@ class Graph:
     fingerprints: list = field(default_factory=list)
     seed: int = 0  # the merge seed: part of the key ids of random calls only
     notes: list[str] = field(default_factory=list)  # what the architecture check let through
+    keys: frozenset[str] = frozenset()  # every source's keys (set by ``open_sources``), for ``related``
 
     def open_sources(self, architecture_policy: str = "refuse") -> list:
         """Open every source lazily (headers only); LoRA files become delta-space sources mapped onto the
@@ -97,7 +98,12 @@ class Graph:
                 item.close()
             raise
         self.fingerprints = [s.fingerprint for s in opened]
+        self.keys = frozenset().union(*(s.keys() for s in opened))
         return opened
+
+    def related(self, step: Call, key: str, arch: str) -> tuple[str, ...]:
+        """The keys a ``related=`` method reads to evaluate ``key`` (merge/registry.py)."""
+        return step.method.related(key, arch, self.keys)
 
     def maps(self) -> list[tuple[str, Any]]:
         """``("method.param", LiteralNode)`` for every per-block / per-key map the recipe uses."""
@@ -119,13 +125,18 @@ class Graph:
 
     def key_id(self, step: Any, key: str, arch: str) -> tuple:
         """What ``step``'s result for ``key`` depends on: the methods, their parameters resolved for this
-        key, the inputs' fingerprints (set by ``open_sources``) and, for random methods only, the merge
-        seed. Equal ids give equal results under equal merge policies, which the caller adds."""
+        key, the inputs' fingerprints (set by ``open_sources``) at every key a ``related=`` method reads
+        and, for random methods only, the merge seed. Equal ids give equal results under equal merge
+        policies, which the caller adds."""
         if isinstance(step, Leaf):
             return ("leaf", self.fingerprints[step.index], key)
         if not isinstance(step, Call):
             return ("value", step)
-        args = tuple(self.key_id(arg, key, arch) for arg in step.args)
+        if step.method.related is not None:
+            args = tuple(tuple((k, self.key_id(arg, k, arch)) for k in self.related(step, key, arch))
+                         for arg in step.args)
+        else:
+            args = tuple(self.key_id(arg, key, arch) for arg in step.args)
         params = tuple((name, self.key_id(v, key, arch) if isinstance(v, Call) else self.scalar(v, key, arch))
                        for name, v in step.kwargs.items())
         return (step.method.name, args, params, self.seed if step.method.random else None)
@@ -219,6 +230,9 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
     root = visit(recipe)
     if not sources:
         raise RecipeError((), "the recipe has no model input; nothing to merge")
+    if isinstance(root, Call) and root.method.returns is not None:
+        raise RecipeError((root.method.name,), f"gives one {root.method.returns.__name__} per key: a "
+                                               f"recipe's result must be a tensor recipe")
     return Graph(root, sources, seed=seed)
 
 

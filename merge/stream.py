@@ -8,7 +8,8 @@ threaded workers on a 2-core machine take about 0.6x the time of one (measured o
 out), where a 2-thread torch pool on 64K-element slices gains nothing. Elementwise methods are pure, so the
 result is the same bit for bit. A param-space call given as a parameter is evaluated like a tensor input, in
 both modes. A method that raises on a key becomes a ``MethodError`` naming the key, the method and its
-parameters. When the intermediates of one key exceed the memory budget they are spilled to a temporary file
+parameters. A method that reads other keys (``related=``) gets each input at those keys, read from the
+sources. When the intermediates of one key exceed the memory budget they are spilled to a temporary file
 next to the output and read back just before the method that needs them.
 """
 
@@ -18,6 +19,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,8 @@ class Evaluator:
         return found
 
     def _evaluate_call(self, step: Call, leaves: list, ctx: KeyContext) -> Any:
+        if step.method.related is not None:
+            return self._evaluate_group(step, leaves, ctx)
         args: list = []
         for arg in step.args:
             args.append(self.evaluate(arg, leaves, ctx))
@@ -98,6 +102,26 @@ class Evaluator:
         if self.shape_policy == "first" or len({len(s) for s in shapes}) > 1:
             return tensors[0]
         return merge_overlap(step, args, scalars, call_ctx)
+
+    def _evaluate_group(self, step: Call, leaves: list, ctx: KeyContext) -> Any:
+        """A ``related=`` call (merge/registry.py): each input evaluated at every key the method reads,
+        handed over as a dict key -> tensor (a key the input lacks is left out)."""
+        groups: list[dict[str, torch.Tensor]] = [{} for _ in step.args]
+        for key in self.graph.related(step, ctx.key, ctx.arch):
+            here, at = (leaves, ctx) if key == ctx.key else (self._leaves(key, ctx), replace(ctx, key=key))
+            for group, arg in zip(groups, step.args, strict=True):
+                value = self.evaluate(arg, here, at)
+                if value is not None:
+                    group[key] = value
+        scalars = self._parameters(step, leaves, ctx)
+        return None if scalars is None else apply(step, groups, scalars, context_for(ctx, step))
+
+    def _leaves(self, key: str, ctx: KeyContext) -> list:
+        """Every source's fp32 tensor of another ``key`` (meta tensors in a trace), None where it lacks it."""
+        if str(ctx.device) == "meta":
+            return [torch.empty(s.info(key).shape, device="meta") if s.has(key) else None
+                    for s in self.sources]
+        return [s.tensor(key).to(ctx.device, torch.float32) if s.has(key) else None for s in self.sources]
 
     def _parameters(self, step: Call, leaves: list, ctx: KeyContext) -> dict | None:
         """The call's parameters for this key: scalars, resolved maps, and evaluated param-space calls

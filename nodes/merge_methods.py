@@ -129,9 +129,16 @@ def method_node(method: MergeMethod) -> type:
         "NODE_ID": node_id(method), "METHOD": method.name,
         "DISPLAY_NAME": f"{method.name} (Patchbay merge)",
         "DESCRIPTION": method.doc,
-        "OUTPUT_TOOLTIPS": (f"The recipe ({_SPACE_TIP[method.output]}): connect it to another method, or to "
-                            f"Merge, Save Merge or Extract LoRA.",),
+        "OUTPUT_TOOLTIPS": (_output_tip(method),),
     })
+
+
+def _output_tip(method: MergeMethod) -> str:
+    if method.returns is not None:  # one value per key (get_rank_from_ratio), for a parameter
+        return (f"One {method.returns.__name__} per key: connect it to the _map input of a parameter of "
+                f"that type (truncate_rank's rank_map).")
+    return (f"The recipe ({_SPACE_TIP[method.output]}): connect it to another method, or to Merge, "
+            f"Save Merge or Extract LoRA.")
 
 
 NODES = [method_node(method) for method in registry.all_methods()]

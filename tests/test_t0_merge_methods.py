@@ -342,7 +342,9 @@ def test_methods_never_change_their_inputs(m, ctx):
     for method in registry.all_methods():
         inputs = tuple(x.clone() for x in (A, B, C)[: len(method.inputs) + method.variadic])
         before = [x.clone() for x in inputs]
-        method.fn(*inputs, ctx=ctx(arch="sd15"))
+        context = ctx(arch="sd15")
+        args = [{context.key: x} for x in inputs] if method.related else inputs  # group inputs: key -> tensor
+        method.fn(*args, ctx=context)
         assert all(torch.equal(x, y) for x, y in zip(inputs, before, strict=True)), method.name
 
 

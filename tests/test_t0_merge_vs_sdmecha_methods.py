@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from bench_merge import SilentProgress as _NoBar  # a tqdm that prints nothing
 
 pytestmark = pytest.mark.t0
 
@@ -48,26 +49,6 @@ def run_sd_mecha(node, space):
     sd_mecha.merge(node, output=out, merge_dtype=torch.float32, output_dtype=torch.float32,
                    merge_device="cpu", output_device="cpu", threads=0, tqdm=_NoBar, strict_merge_space=space)
     return out[KEY]
-
-
-class _NoBar:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def update(self, *args, **kwargs):
-        pass
-
-    def set_postfix(self, *args, **kwargs):
-        pass
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,33 @@ def test_extracted_lora_loads_without_warnings_and_adds_the_truncated_delta(comf
             assert abs((added - delta).norm().item() / scale - expected) < 2e-3, key
 
 
+def test_extracted_lokr_loads_without_warnings_and_adds_the_nearest_kronecker_product(comfy, extracted,
+                                                                                     caplog):
+    """``kronecker_ratio`` writes a LoKr (lokr_w1, lokr_w2): ComfyUI adds kron(w1, w2), which is
+    ``truncate_kronecker`` of each delta (exact SVD, same ratio)."""
+    from merge import extract
+    from merge import recipe as R
+    from merge.context import KeyContext
+    from merge.registry import get
+
+    path, deltas = extracted
+    folder, lokr = path.parent.parent, path.with_name("patchbay-extracted-lokr.safetensors")
+    recipe = R.subtract(R.model(str(folder / "tuned.safetensors")), R.model(str(folder / "base.safetensors")))
+    extract.extract_lora(recipe, lokr, extract.ExtractOptions(dtype="fp32", kronecker_ratio=0.5))
+    model, clip, _ = comfy.nodes.CheckpointLoaderSimple().load_checkpoint("patchbay-sd15-tiny-a.safetensors")
+    with caplog.at_level(logging.WARNING):
+        patched_model, patched_clip = comfy.nodes.LoraLoader().load_lora(model, clip, lokr.name, 1.0, 1.0)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    weights = [{**_patched_weights(m, "diffusion_model.", UNET),
+                **_patched_weights(c.patcher, "clip_l.transformer.", CLIP)}
+               for m, c in ((patched_model, patched_clip), (model, clip))]
+    for key in (*LOW_RANK, *FULL_RANK):
+        nearest = get("truncate_kronecker").fn(deltas[key], kronecker_ratio=0.5, use_approximate_basis=False,
+                                               ctx=KeyContext(key=key))
+        added = weights[0][key].float() - weights[1][key].float()
+        assert (added - nearest).norm() / nearest.norm() < 2e-3, key
+
+
 def _patched_weights(patcher, prefix: str, canonical: str,
                      keys: set[str] | None = None) -> dict[str, torch.Tensor]:
     """Weights of ``keys`` (checkpoint names) with the patcher's patches applied as ComfyUI applies them."""

@@ -114,6 +114,14 @@ def test_method_nodes_take_maps_and_param_space_recipes_and_refuse_models_for_pa
     (ties,) = node("PatchbayMethodTiesSumWithDropout").build(deltas_1=R.model("loras/x.safetensors", "delta"),
                                                              **widgets)
     assert ties.kwarg("seed").value is None and ties.kwarg("probability").value == 0.5
+    delta = node("PatchbayMethodSubtract").build(a=b, b=a)[0]  # one int per key into an int parameter
+    (rank,) = node("PatchbayMethodGetRankFromRatio").build(a=delta, ratio=0.25)
+    (truncated,) = node("PatchbayMethodTruncateRank").build(
+        a=delta, rank=8, rank_map=rank, use_approximate_basis=True, approximate_basis_iters=2,
+        approximate_basis_seed=-1)
+    assert truncated.kwarg("rank") == rank
+    with pytest.raises(pack.merge.recipe.RecipeError, match="gives one int per key, not a tensor"):
+        node("PatchbayMethodScale").build(a=rank, alpha=1.0)
 
 
 def test_block_weight_nodes_have_one_widget_per_block_and_make_complete_maps(pack, node):

@@ -27,18 +27,38 @@ def truncate_kronecker(a: Delta, *, kronecker_ratio: Fraction = 0.5, use_approxi
     """Nearest Kronecker product w1 (x) w2 to a delta (a rank-1 LoKr); kronecker_ratio sizes w1 against w2."""
     if a.dim() < 2:
         return a
-    m1, m2, n1, n2 = kronecker_shape(a.shape, kronecker_ratio)
-    extra = a.shape[2:]
-    blocks = a.reshape(m1, m2, n1, n2 * extra.numel()).permute(0, 2, 1, 3).reshape(m1 * n1, -1)
+    blocks, dims = _rearranged(a, kronecker_ratio)
     if use_approximate_basis:
         u, s, vh = svd_lowrank(blocks, 1, approximate_basis_iters,
                                generator(ctx, approximate_basis_seed, a.device))
     else:
         u, s, vh = torch.linalg.svd(blocks, full_matrices=False)
+    w1, w2 = _leading_pair(u, s, vh, dims, a.shape[2:])
+    return torch.kron(w1[(...,) + (None,) * (a.dim() - 2)], w2).reshape(a.shape)
+
+
+def kronecker_factors(a: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LoKr factors ``w1 [m1, n1]`` and ``w2 [m2, n2, *kernel]`` of the nearest Kronecker product to a
+    2-D or 4-D delta ``a`` (exact SVD), w1 sized by ``ratio`` as in ``truncate_kronecker``; the same
+    factors as sd-mecha's LoKr extraction (``extract_lycoris_lokr``)."""
+    blocks, dims = _rearranged(a, ratio)
+    u, s, vh = torch.linalg.svd(blocks, full_matrices=False)
+    return _leading_pair(u, s, vh, dims, a.shape[2:])
+
+
+def _rearranged(a: torch.Tensor, ratio: float) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    """Van Loan's rearrangement of ``a``: one row per (m2 x n2 x kernel) block, and (m1, m2, n1, n2)."""
+    m1, m2, n1, n2 = kronecker_shape(a.shape, ratio)
+    blocks = a.reshape(m1, m2, n1, n2 * a.shape[2:].numel()).permute(0, 2, 1, 3).reshape(m1 * n1, -1)
+    return blocks, (m1, m2, n1, n2)
+
+
+def _leading_pair(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, dims: tuple[int, int, int, int],
+                  kernel: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """The leading singular pair as ``(w1 [m1, n1], w2 [m2, n2, *kernel])``, sqrt(s) on each side."""
+    m1, m2, n1, n2 = dims
     root = s[0].sqrt()
-    w1 = (u[:, 0] * root).reshape(m1, n1, *[1] * len(extra))
-    w2 = (vh[0] * root).reshape(m2, n2, *extra)
-    return torch.kron(w1, w2).reshape(a.shape)
+    return (u[:, 0] * root).reshape(m1, n1), (vh[0] * root).reshape(m2, n2, *kernel)
 
 
 def kronecker_shape(shape: torch.Size, ratio: float) -> tuple[int, int, int, int]:

@@ -1,4 +1,5 @@
-"""Decomposition methods: rotate (orthogonal Procrustes alignment) and truncate_rank (SVD)."""
+"""Decomposition methods: rotate (orthogonal Procrustes alignment), truncate_rank (SVD) and the rank for
+it from a ratio (get_rank_from_ratio)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from ..context import KeyContext
 from ..registry import AnySpace, Count, Delta, merge_method
 from ._util import generator, is_close
+from .logistics import SD_MECHA
 from .stiefel import exp_stiefel, log_stiefel
 
 PROCRUSTES = "https://doi.org/10.1007/BF02289451"
@@ -40,6 +42,13 @@ def rotate(a: AnySpace, b: AnySpace, *, alignment: float = 1.0, alpha: float = 0
         a_2d = torch.lerp(a_2d, transform(b_2d, -1), alpha)
     a_2d = transform(a_2d, alignment)
     return (a_2d + torch.lerp(a_mean, b_mean, alignment)).reshape_as(a)
+
+
+@merge_method(paper=SD_MECHA)
+def get_rank_from_ratio(a: AnySpace, *, ratio: float = 0.5) -> int:
+    """The rank that is `ratio` of a's largest (of its 2-d view), rounded: truncate_rank's rank, per key."""
+    full = min(a.shape[:1].numel(), a.shape[1:].numel())
+    return min(max(round(full * ratio), 0), full)
 
 
 @merge_method(paper=ECKART_YOUNG, random=True)
