@@ -1,4 +1,4 @@
-"""Patchbay merge: recipe-based model merging, a standalone library free of ComfyUI (issue 6).
+"""Patchbay merge: recipe-based model merging, a standalone library free of ComfyUI.
 
 - ``recipe``: the frozen recipe graph (node types in ``graph``), checked builders, ``bind``.
 - ``registry``: ``@merge_method``, ``get``, ``all_methods``, ``scope``; ``methods/`` the built-ins,

@@ -1,4 +1,4 @@
-"""Files the merge nodes read and write, all inside ComfyUI's folders (issue 16, item 7).
+"""Files the merge nodes read and write, all inside ComfyUI's folders.
 
 A recipe names a model as ``<folder>/<name>`` (``checkpoints/a.safetensors``, ``diffusion_models/...``,
 ``loras/...``) or, as sd-mecha recipes often do, by its bare name (looked up in checkpoints, then

@@ -1,4 +1,4 @@
-"""One node per merge method, generated from ``merge.registry`` (issue 16, item 1).
+"""One node per merge method, generated from ``merge.registry``.
 
 A method registered with ``@merge_method`` becomes ``PatchbayMethod<Name>`` with no node code: its
 tensor inputs are PATCHBAY_RECIPE sockets (a variadic input gets ``VARIADIC_SLOTS`` sockets, the
