@@ -32,35 +32,31 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 import math
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-import torch
-
+from . import declare
 from .context import KeyContext
-from .names import ANY, DELTA, PARAM, WEIGHT, did_you_mean
+from .declare import (  # noqa: F401  (re-exported: user methods annotate with these)
+    AnyGroup,
+    AnySpace,
+    Count,
+    Delta,
+    Fraction,
+    Param,
+    Range,
+    Related,
+    Space,
+    Weight,
+    WeightGroup,
+)
+from .names import ANY, PARAM, did_you_mean
 
 SCALAR_TYPES: tuple[type, ...] = (float, int, bool, str)
-
-
-@dataclass(frozen=True)
-class _Space:
-    name: str
-    group: bool = False  # the input is a dict key -> tensor of the keys ``related`` names
-
-
-Weight = Annotated[torch.Tensor, _Space(WEIGHT)]
-Delta = Annotated[torch.Tensor, _Space(DELTA)]
-Param = Annotated[torch.Tensor, _Space(PARAM)]
-AnySpace = Annotated[torch.Tensor, _Space(ANY)]
-WeightGroup = Annotated[dict[str, torch.Tensor], _Space(WEIGHT, group=True)]
-AnyGroup = Annotated[dict[str, torch.Tensor], _Space(ANY, group=True)]
-Related = Callable[[str, str, frozenset[str]], tuple[str, ...]]  # (key, arch, every input key) -> keys read
 
 
 class MethodDefinitionError(TypeError):
@@ -80,18 +76,6 @@ class InputSpec:
     space: str
     variadic: bool = False
     group: bool = False
-
-
-@dataclass(frozen=True)
-class Range:
-    """The closed interval a numeric parameter must lie in: ``k: Annotated[float, Range(0, 1)] = 0.2``."""
-
-    low: float = -math.inf
-    high: float = math.inf
-
-
-Fraction = Annotated[float, Range(0.0, 1.0)]  # a probability or a share, 0 to 1
-Count = Annotated[int, Range(0)]  # a rank or an iteration count, 0 or more
 
 
 @dataclass(frozen=True)
@@ -312,7 +296,7 @@ def _param_spec(where: str, p: inspect.Parameter, hints: dict[str, Any]) -> Para
 
 def _space_of(hint: Any) -> str | None:
     for meta in getattr(hint, "__metadata__", ()):
-        if isinstance(meta, _Space):
+        if isinstance(meta, Space):
             return meta.name
     return None
 
@@ -325,18 +309,21 @@ def _drop_ctx(func: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-# ---- the built-in methods, registered with the registry itself ---------------------------------------
+# ---- the built-in methods, declared in merge/methods/ (merge/declare.py) -----------------------------
 
 
 def _load_builtins() -> None:
-    """Import merge/methods/ (each module registers its methods); a module that fails to import makes
-    importing the registry fail, every time, rather than leave a registry without its methods."""
+    """Import merge/methods/ (each module declares its methods) and register them; a module that fails
+    to import makes importing the registry fail, every time, rather than leave a registry without its
+    methods."""
     try:
-        importlib.import_module(".methods", __package__)
+        from . import methods  # noqa: F401  (they import merge/declare.py, not this module: no cycle)
     except Exception as error:
         raise ImportError(f"the built-in merge methods failed to load ({type(error).__name__}: {error}); "
                           f"the merge engine cannot run without them: reinstall or fix merge/methods/"
                           ) from error
+    for func, options in declare.BUILTINS:
+        merge_method(func, **options)
 
 
 _load_builtins()

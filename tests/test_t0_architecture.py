@@ -1,4 +1,4 @@
-"""T0: the dependency arrows of ../shared/STYLE.md, relative imports and no monkeypatching.
+"""T0: the dependency arrows (docs/architecture.md), relative imports, no import cycles, no monkeypatching.
 
     __init__ -> nodes -> {hooks, patcher, merge} -> comfy
     hooks -> patcher (allowed)      patcher -X-> hooks, merge, nodes
@@ -176,3 +176,112 @@ def test_architecture_checker_catches_a_forbidden_import(tmp_path):
     engine_user = tmp_path / "patcher" / "bad.py"
     engine_user.write_text("from ..hooks.engine import HookEngine\n")
     assert {t for _, t in imported_targets(engine_user, root=tmp_path)} & FORBIDDEN["patcher"] == {"hooks"}
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
+def _package_of(path: Path, root: Path = ROOT) -> list[str]:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return parts[:-1]
+
+
+def _existing(parts: list[str], root: Path = ROOT) -> str | None:
+    target = root.joinpath(*parts)
+    if target.with_suffix(".py").is_file() or (target / "__init__.py").is_file():
+        return ".".join(parts)
+    return None
+
+
+def pack_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """The pack modules ``path`` imports at run time: relative imports (``from .x import y`` names ``x``,
+    and ``x.y`` where that is a module), and ``importlib.import_module`` of a literal relative name,
+    which hides an import from a reader but not from this check; not those under ``if TYPE_CHECKING``."""
+    package = _package_of(path, root)
+    found: set[str] = set()
+
+    def relative(level: int, module: str | None, names: list[str]) -> None:
+        base = package[: len(package) - (level - 1)] if level > 1 else list(package)
+        parts = base + (module.split(".") if module else [])
+        modules = {n for alias in names if (n := _existing([*parts, alias], root))}
+        if parts and (module or not modules) and (name := _existing(parts, root)):
+            found.add(name)  # "from . import sub" imports the module sub, not (for this check) its package
+        found.update(modules)
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {id(inner) for block in ast.walk(tree)
+                   if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+                   for statement in block.body for inner in ast.walk(statement)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:  # annotations only: never imported at run time
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level:
+            relative(node.level, node.module, [alias.name for alias in node.names])
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            name = node.args[0].value
+            level = len(name) - len(name.lstrip("."))
+            if level:
+                relative(level, name[level:] or None, [])
+    found.discard(_module_name(path, root))
+    return found
+
+
+def import_cycles(root: Path = ROOT, files: list[Path] | None = None) -> list[list[str]]:
+    """Every cycle of pack modules importing each other (function-level imports included): the
+    strongly connected components of more than one module."""
+    graph = {_module_name(p, root): pack_imports(p, root) for p in (files or pack_files())}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph.get(module, ()):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles():
+    assert import_cycles() == [], "modules of the pack import each other (in a cycle): break it"
+
+
+def test_cycle_checker_sees_an_import_hidden_in_importlib_and_skips_type_checking_imports(tmp_path):
+    """The cycle merge/registry.py once had: it loaded merge/methods/ by importlib.import_module, and
+    the methods import the registry. An import under ``if TYPE_CHECKING`` is no edge."""
+    files = {
+        "merge/__init__.py": "",
+        "merge/registry.py": "import importlib\nimportlib.import_module('.methods', __package__)\n",
+        "merge/methods/__init__.py": "from . import linear\n",
+        "merge/methods/linear.py": "from ..registry import merge_method\n",
+        "patcher/__init__.py": "",
+        "patcher/state.py": "import typing\nif typing.TYPE_CHECKING:\n    from .events import T\n",
+        "patcher/events.py": "from .state import S\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    paths = [tmp_path / name for name in files]
+    assert import_cycles(tmp_path, paths) == [["merge.methods", "merge.methods.linear", "merge.registry"]]

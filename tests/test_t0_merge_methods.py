@@ -379,13 +379,13 @@ def test_kth_smallest_magnitude_equals_kthvalue_on_large_tensors(case):
 def test_ties_sum_of_deltas_that_are_all_zero_is_the_votes_zero_bit_for_bit():
     """All-zero deltas (a text encoder both fine-tunes left alone) skip the sort: the result is what the
     full vote gives (0 / n = +0.0 everywhere), byte for byte; one non-zero delta takes the full path."""
-    from merge.methods.ties import ties_sum, ties_sum_deltas
+    from merge.methods.ties import ties_sum, ties_sum_deltas  # the function itself, as declared
 
     zeros = [torch.zeros(64, 32), torch.zeros(64, 32)]
     filtered, counts = ties_sum_deltas(zeros, 0.5, False)
     full = torch.nan_to_num(filtered.sum(dim=0) / counts, nan=0, posinf=0, neginf=0)
-    fast = ties_sum.fn(*zeros, k=0.5)
+    fast = ties_sum(*zeros, k=0.5)
     assert torch.equal(fast.view(torch.int32), full.view(torch.int32))
     one = [torch.zeros(64, 32), torch.randn(64, 32, generator=torch.Generator().manual_seed(3))]
     filtered, counts = ties_sum_deltas(one, 0.5, False)
-    assert torch.equal(ties_sum.fn(*one, k=0.5), torch.nan_to_num(filtered.sum(dim=0) / counts, nan=0))
+    assert torch.equal(ties_sum(*one, k=0.5), torch.nan_to_num(filtered.sum(dim=0) / counts, nan=0))

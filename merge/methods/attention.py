@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..context import KeyContext
-from ..registry import Weight, WeightGroup, merge_method
+from ..declare import Weight, WeightGroup, builtin_method
 from .logistics import SD_MECHA
 
 HEAD = 64
@@ -76,7 +76,7 @@ def _attention_keys(key: str, arch: str, keys: frozenset[str]) -> tuple[str, ...
     return members if all(k in keys for k in members) else (key,)
 
 
-@merge_method(paper=SD_MECHA, related=_attention_keys)
+@builtin_method(paper=SD_MECHA, related=_attention_keys)
 def balance_attention(a: WeightGroup, *, ctx: KeyContext) -> Weight:
     """Rescale every attention head's q/k and v/o to equal energy; the model's output stays the same."""
     if ctx.arch not in FAMILIES:

@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from ..registry import AnySpace, Fraction, merge_method
+from ..declare import AnySpace, Fraction, builtin_method
 
 
-@merge_method(paper="https://github.com/ljleb/sd-mecha")
+@builtin_method(paper="https://github.com/ljleb/sd-mecha")
 def crossover(a: AnySpace, b: AnySpace, *, alpha: Fraction = 0.5, tilt: float = 0.0) -> AnySpace:
     """Mix the n-d Fourier spectra of A and B by a cut at alpha (tilt 0 = sharp, 1 = plain lerp)."""
     if alpha == 0:

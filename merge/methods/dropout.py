@@ -7,11 +7,11 @@ import math
 import torch
 
 from ..context import KeyContext
-from ..registry import Delta, Fraction, merge_method
+from ..declare import Delta, Fraction, builtin_method
 from ._util import generator
 
 
-@merge_method(paper="https://arxiv.org/abs/2311.03099", random=True)
+@builtin_method(paper="https://arxiv.org/abs/2311.03099", random=True)
 def dropout(*deltas: Delta, probability: Fraction = 0.9, rescale: float = 1.0, overlap: float = 1.0,
             overlap_emphasis: float = 0.0, seed: int | None = None, ctx: KeyContext) -> Delta:
     """Keep each delta's entries with probability 1 - p (overlap shapes the kept sets), average, rescale."""

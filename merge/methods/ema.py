@@ -16,7 +16,7 @@ import torch
 
 from ..architectures import DIFFUSION_PREFIX
 from ..context import KeyContext
-from ..registry import AnyGroup, AnySpace, merge_method
+from ..declare import AnyGroup, AnySpace, builtin_method
 from .logistics import SD_MECHA
 
 EMA_PREFIX = "model_ema."
@@ -42,7 +42,7 @@ def _partner(key: str, arch: str, keys: frozenset[str]) -> tuple[str, ...]:
     return (_partners(keys).get(key, key),) if arch in EMA_FAMILIES else (key,)
 
 
-@merge_method(paper=SD_MECHA, related=_partner)
+@builtin_method(paper=SD_MECHA, related=_partner)
 def exchange_ema(model: AnyGroup, *, ctx: KeyContext) -> AnySpace:
     """Swap each UNet weight with its EMA copy (model_ema.*) in SD 1.x / 2.x checkpoints."""
     if ctx.arch not in EMA_FAMILIES:

@@ -13,14 +13,14 @@ import math
 import torch
 
 from ..context import KeyContext
-from ..registry import Count, Delta, Fraction, merge_method
+from ..declare import Count, Delta, Fraction, builtin_method
 from ._util import generator
 from .svd import svd_lowrank
 
 VAN_LOAN = "https://doi.org/10.1007/978-94-015-8196-7_17"
 
 
-@merge_method(paper=VAN_LOAN, random=True)
+@builtin_method(paper=VAN_LOAN, random=True)
 def truncate_kronecker(a: Delta, *, kronecker_ratio: Fraction = 0.5, use_approximate_basis: bool = True,
                        approximate_basis_iters: Count = 2, approximate_basis_seed: int | None = None,
                        ctx: KeyContext) -> Delta:

@@ -6,10 +6,10 @@ import functools
 
 import torch
 
-from ..registry import AnySpace, merge_method
+from ..declare import AnySpace, builtin_method
 
 
-@merge_method(paper="https://github.com/ljleb/sd-mecha")
+@builtin_method(paper="https://github.com/ljleb/sd-mecha")
 def clamp(a: AnySpace, *bounds: AnySpace, stiffness: float = 0.0) -> AnySpace:
     """Clamp a element-wise into [min(bounds), max(bounds)]; stiffness pulls the range to the mean."""
     maximums = functools.reduce(torch.maximum, bounds)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import torch
 
-from ..registry import AnySpace, Delta, Param, Range, Weight, merge_method
+from ..declare import AnySpace, Delta, Param, Range, Weight, builtin_method
 from ._util import is_close, model_weights
 
 SOUPS = "https://arxiv.org/abs/2203.05482"
@@ -16,7 +16,7 @@ SD_MECHA = "https://github.com/ljleb/sd-mecha"
 NEARSWAP = "https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"
 
 
-@merge_method(paper=SOUPS, elementwise=True)
+@builtin_method(paper=SOUPS, elementwise=True)
 def weighted_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     """Linear interpolation a + (b - a) * alpha (alpha=0 gives A, 1 gives B)."""
     if is_close(alpha, 0.0):
@@ -26,7 +26,7 @@ def weighted_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     return torch.lerp(a, b, alpha)
 
 
-@merge_method(paper=SOUPS, elementwise=True)
+@builtin_method(paper=SOUPS, elementwise=True)
 def n_average(*models: AnySpace) -> AnySpace:
     """Plain mean of any number of models (running lerp, as sd-mecha)."""
     res = models[0]
@@ -35,7 +35,7 @@ def n_average(*models: AnySpace) -> AnySpace:
     return res
 
 
-@merge_method(paper=SOUPS, elementwise=True)
+@builtin_method(paper=SOUPS, elementwise=True)
 def linear(*models: AnySpace, weights: str = "", normalize: bool = True) -> AnySpace:
     """Weighted sum of any number of models, sum(w_i * m_i) / sum(w_i) when normalized (mergekit's linear)."""
     w = model_weights(weights, len(models), "linear")
@@ -47,14 +47,14 @@ def linear(*models: AnySpace, weights: str = "", normalize: bool = True) -> AnyS
     return res / total if normalize else res
 
 
-@merge_method(paper=NEARSWAP, elementwise=True)
+@builtin_method(paper=NEARSWAP, elementwise=True)
 def nearswap(a: AnySpace, b: AnySpace, *, t: Annotated[float, Range(0.0)] = 1e-4) -> AnySpace:
     """NearSwap (mergekit): B where it is within t of A, else lerp by t / |a - b| (clamped to [0, 1])."""
     weight = (t / (a - b).abs().clamp(min=1e-6)).clamp(0, 1)
     return torch.lerp(a, b, weight)
 
 
-@merge_method(paper=SD_MECHA, elementwise=True)
+@builtin_method(paper=SD_MECHA, elementwise=True)
 def scale(a: Delta, *, alpha: float = 1.0) -> Delta:
     """A delta times alpha (0 gives zeros, 1 the delta unchanged)."""
     if is_close(alpha, 1.0):
@@ -62,7 +62,7 @@ def scale(a: Delta, *, alpha: float = 1.0) -> Delta:
     return a * alpha
 
 
-@merge_method(paper="https://doi.org/10.1145/325165.325242")
+@builtin_method(paper="https://doi.org/10.1145/325165.325242")
 def slerp(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     """Spherical interpolation of the flattened tensors; lerp when they are (anti)parallel."""
     a_norm, b_norm = a.norm(), b.norm()
@@ -75,7 +75,7 @@ def slerp(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     return res
 
 
-@merge_method(paper=TASK_ARITHMETIC, elementwise=True)
+@builtin_method(paper=TASK_ARITHMETIC, elementwise=True)
 def add_difference(a: AnySpace, b: Delta, *, alpha: float = 1.0) -> AnySpace:
     """Task arithmetic: a + b * alpha, b a delta (e.g. subtract(B, C))."""
     if is_close(alpha, 0.0):
@@ -83,13 +83,13 @@ def add_difference(a: AnySpace, b: Delta, *, alpha: float = 1.0) -> AnySpace:
     return torch.addcmul(a, b, torch.as_tensor(alpha, dtype=a.dtype, device=a.device))
 
 
-@merge_method(paper=TASK_ARITHMETIC, elementwise=True)
+@builtin_method(paper=TASK_ARITHMETIC, elementwise=True)
 def subtract(a: Weight, b: Weight) -> Delta:
     """The delta a - b (a task vector when b is the base model)."""
     return a - b
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def perpendicular_component(a: AnySpace, b: AnySpace) -> AnySpace:
     """The part of b orthogonal to a (zeros when a is zero)."""
     norm_a = torch.linalg.norm(a)
@@ -99,21 +99,21 @@ def perpendicular_component(a: AnySpace, b: AnySpace) -> AnySpace:
     return res
 
 
-@merge_method(paper=SUPERMERGER, elementwise=True)
+@builtin_method(paper=SUPERMERGER, elementwise=True)
 def train_difference_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
     """Per-element weight alpha * 1.8 * |b - a| / (|b - a| + |b - c|) for add_difference."""
     ba = (b - a).abs()
     return alpha * 1.8 * torch.nan_to_num(ba / (ba + (b - c).abs()), nan=0)
 
 
-@merge_method(paper=SUPERMERGER, elementwise=True)
+@builtin_method(paper=SUPERMERGER, elementwise=True)
 def train_difference(a: AnySpace, b: Weight, c: Weight, *, alpha: float = 1.0) -> AnySpace:
     """Supermerger's train difference: a + (b - c) * train_difference_mask(a, b, c, alpha)."""
-    mask = train_difference_mask.fn(a, b, c, alpha=alpha)
+    mask = train_difference_mask(a, b, c, alpha=alpha)
     return torch.addcmul(a, b - c, mask)
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def multiply_quotient(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> AnySpace:
     """a * (b / c) ** (alpha * agreement), where b and c move a in the same log direction."""
     ac_log = torch.log(a.abs()) - torch.log(c.abs())
@@ -126,21 +126,21 @@ def multiply_quotient(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1
     return res.real
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def add_opposite_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
     """Per-element weight alpha * 2 * |a - b| / (|a - b| + |a + b - 2c|) for add_difference."""
     ab = (a - b).abs()
     return alpha * 2 * torch.nan_to_num(ab / (ab + (a + b - 2 * c).abs()), nan=0)
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def add_strict_opposite_mask(a: AnySpace, b: AnySpace, c: AnySpace, *, alpha: float = 1.0) -> Param:
     """Per-element weight 2 * alpha * max(0, (c - a)(b - c) / max(|a - c|, |b - c|)^2)."""
     threshold = torch.maximum((a - c).abs(), (b - c).abs())
     return alpha * torch.clamp(torch.nan_to_num((c - a) * (b - c) / threshold**2, nan=0), 0) * 2
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def geometric_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     """Element-wise weighted geometric mean a^(1 - alpha) * b^alpha (real part, negatives via complex)."""
     a_c = torch.complex(a, torch.zeros_like(a))

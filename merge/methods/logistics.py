@@ -6,25 +6,25 @@ import torch
 
 from ..blocks import COMPONENTS, component_of
 from ..context import KeyContext
+from ..declare import AnySpace, builtin_method
 from ..names import did_you_mean
-from ..registry import AnySpace, merge_method
 
 SD_MECHA = "https://github.com/ljleb/sd-mecha"
 
 
-@merge_method(paper=SD_MECHA, accepts_missing=True)
+@builtin_method(paper=SD_MECHA, accepts_missing=True)
 def fallback(a: AnySpace, default: AnySpace) -> AnySpace:
     """A's tensor where A has the key, otherwise default's (None in = key absent)."""
     return a if a is not None else default
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def pick_component(a: AnySpace, *, component: str = "diffuser", ctx: KeyContext) -> AnySpace:
     """Only the keys of one component (diffuser, clip_l, clip_g, vae, ...); other keys are absent."""
     return a if _component(ctx, component) == component else None
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def omit_component(a: AnySpace, *, component: str = "diffuser", ctx: KeyContext) -> AnySpace:
     """Every key except those of one component (diffuser, clip_l, clip_g, vae, ...)."""
     return None if _component(ctx, component) == component else a
@@ -47,7 +47,7 @@ CAST_DTYPES = {name: getattr(torch, name) for name in (
     if hasattr(torch, name)}  # sd-mecha's names
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def cast(a: AnySpace, *, device: str | None = None, dtype: str | None = None) -> AnySpace:
     """Round the values to dtype (float16, bfloat16, float8_e4m3fn, int8, ...); the merge goes on in fp32."""
     if dtype is None:
@@ -58,13 +58,13 @@ def cast(a: AnySpace, *, device: str | None = None, dtype: str | None = None) ->
     return a.to(CAST_DTYPES[dtype]).to(a.dtype)
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def stack(*values: AnySpace) -> AnySpace:
     """The tensors stacked along a new first dimension ([n, *shape]), for a method taking them together."""
     return torch.stack(values)
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def omit_non_finite(a: AnySpace) -> AnySpace:
     """The tensor, or the key left out of the output where it holds a NaN or an infinity."""
     return a if bool(a.isfinite().all()) else None

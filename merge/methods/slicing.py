@@ -6,13 +6,13 @@ import math
 
 import torch
 
-from ..registry import AnySpace, merge_method
+from ..declare import AnySpace, builtin_method
 from ._util import kth_smallest_magnitude
 
 SUPERMERGER = "https://github.com/hako-mikan/sd-webui-supermerger"
 
 
-@merge_method(paper=SUPERMERGER)
+@builtin_method(paper=SUPERMERGER)
 def tensor_sum(a: AnySpace, b: AnySpace, *, width: float = 0.5, offset: float = 0.0) -> AnySpace:
     """Rows [offset, offset + width) (fractions of dim 0, wrapping) from B, the rest from A."""
     if a.dim() == 0:
@@ -24,7 +24,7 @@ def tensor_sum(a: AnySpace, b: AnySpace, *, width: float = 0.5, offset: float = 
     return res
 
 
-@merge_method(paper=SUPERMERGER)
+@builtin_method(paper=SUPERMERGER)
 def top_k_tensor_sum(a: AnySpace, b: AnySpace, *, width: float = 1.0, offset: float = 0.0) -> AnySpace:
     """A's values re-ordered by B's ranking, within the magnitude band [offset, offset + width)."""
     a_flat = torch.flatten(a)

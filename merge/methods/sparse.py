@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from ..context import KeyContext
-from ..registry import Delta, Fraction, merge_method
+from ..declare import Delta, Fraction, builtin_method
 from ._util import generator, model_weights
 
 BREADCRUMBS = "https://arxiv.org/abs/2312.06795"
@@ -23,7 +23,7 @@ DELLA = "https://arxiv.org/abs/2406.11617"
 SCE = "https://arxiv.org/abs/2408.07990"
 
 
-@merge_method(paper=BREADCRUMBS)
+@builtin_method(paper=BREADCRUMBS)
 def breadcrumbs(*deltas: Delta, weights: str = "", density: Fraction = 0.9, gamma: Fraction = 0.01,
                 normalize: bool = False, rescale: bool = False) -> Delta:
     """Model Breadcrumbs: drop each delta's largest (gamma) and smallest entries, keep density; sum."""
@@ -31,7 +31,7 @@ def breadcrumbs(*deltas: Delta, weights: str = "", density: Fraction = 0.9, gamm
     return task_arithmetic(kept, model_weights(weights, len(deltas), "breadcrumbs"), False, normalize)
 
 
-@merge_method(paper=BREADCRUMBS)
+@builtin_method(paper=BREADCRUMBS)
 def breadcrumbs_ties(*deltas: Delta, weights: str = "", density: Fraction = 0.9, gamma: Fraction = 0.01,
                      normalize: bool = False, rescale: bool = False) -> Delta:
     """Model Breadcrumbs, then TIES' sign election: only entries agreeing with the weighted-sum sign count."""
@@ -39,7 +39,7 @@ def breadcrumbs_ties(*deltas: Delta, weights: str = "", density: Fraction = 0.9,
     return task_arithmetic(kept, model_weights(weights, len(deltas), "breadcrumbs_ties"), True, normalize)
 
 
-@merge_method(paper=DELLA, random=True)
+@builtin_method(paper=DELLA, random=True)
 def della_linear(*deltas: Delta, weights: str = "", density: Fraction = 0.5, epsilon: Fraction = 0.15,
                  normalize: bool = False, rescale: bool = True, seed: int | None = None,
                  ctx: KeyContext) -> Delta:
@@ -49,7 +49,7 @@ def della_linear(*deltas: Delta, weights: str = "", density: Fraction = 0.5, eps
     return task_arithmetic(kept, model_weights(weights, len(deltas), "della_linear"), False, normalize)
 
 
-@merge_method(paper=DELLA, random=True)
+@builtin_method(paper=DELLA, random=True)
 def della(*deltas: Delta, weights: str = "", density: Fraction = 0.5, epsilon: Fraction = 0.15,
           normalize: bool = True, rescale: bool = True, seed: int | None = None, ctx: KeyContext) -> Delta:
     """DELLA with TIES' sign election (mergekit's della): magnitude-ranked dropout, elect, weighted mean."""
@@ -58,7 +58,7 @@ def della(*deltas: Delta, weights: str = "", density: Fraction = 0.5, epsilon: F
     return task_arithmetic(kept, model_weights(weights, len(deltas), "della"), True, normalize)
 
 
-@merge_method(paper=SCE)
+@builtin_method(paper=SCE)
 def sce(*deltas: Delta, select_topk: Fraction = 1.0) -> Delta:
     """SCE: keep the entries the deltas vary most on, weight deltas by energy, erase minority signs, mean."""
     stacked = torch.stack(deltas)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import AnySpace, Count, merge_method
+from ..declare import AnySpace, Count, builtin_method
 from ._util import model_weights
 
 KARCHER = "https://en.wikipedia.org/wiki/Karcher_mean"
@@ -18,7 +18,7 @@ MULTISLERP = "https://goddard.blog/posts/multislerp-wow-what-a-cool-idea"
 SLERP = "https://doi.org/10.1145/325165.325242"
 
 
-@merge_method(paper=KARCHER)
+@builtin_method(paper=KARCHER)
 def karcher(*models: AnySpace, max_iter: Count = 10, tol: float = 1e-5) -> AnySpace:
     """Karcher (Riemannian) mean of the unit directions, scaled by the mean norm (mergekit's karcher)."""
     if len(models) == 1:
@@ -47,7 +47,7 @@ def karcher(*models: AnySpace, max_iter: Count = 10, tol: float = 1e-5) -> AnySp
     return (sum(norms) / len(models) * u).reshape(models[0].shape)
 
 
-@merge_method(paper=SLERP)
+@builtin_method(paper=SLERP)
 def nuslerp(a: AnySpace, b: AnySpace, *, alpha: float = 0.5, row_wise: bool = False,
             flatten: bool = True) -> AnySpace:
     """Slerp without norm interpolation, of the whole tensor (flatten) or per row / column (mergekit)."""
@@ -67,7 +67,7 @@ def nuslerp(a: AnySpace, b: AnySpace, *, alpha: float = 0.5, row_wise: bool = Fa
     return res.reshape(shape)
 
 
-@merge_method(paper=MULTISLERP)
+@builtin_method(paper=MULTISLERP)
 def multislerp(*models: AnySpace, weights: str = "", normalize_weights: bool = True,
                eps: float = 1e-8) -> AnySpace:
     """Weighted slerp of any number of tensors through the tangent space at their mean direction."""

@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..context import KeyContext
-from ..registry import AnySpace, Count, Delta, merge_method
+from ..declare import AnySpace, Count, Delta, builtin_method
 from ._util import generator, is_close
 from .logistics import SD_MECHA
 from .stiefel import exp_stiefel, log_stiefel
@@ -18,7 +18,7 @@ ECKART_YOUNG = "https://doi.org/10.1007/BF02288367"
 Tensor = torch.Tensor
 
 
-@merge_method(paper=PROCRUSTES)
+@builtin_method(paper=PROCRUSTES)
 def rotate(a: AnySpace, b: AnySpace, *, alignment: float = 1.0, alpha: float = 0.0,
            centralization: float = 1.0, stiefel_eps: float = 1e-8, stiefel_max_iters: int = 100,
            ctx: KeyContext) -> AnySpace:
@@ -44,14 +44,14 @@ def rotate(a: AnySpace, b: AnySpace, *, alignment: float = 1.0, alpha: float = 0
     return (a_2d + torch.lerp(a_mean, b_mean, alignment)).reshape_as(a)
 
 
-@merge_method(paper=SD_MECHA)
+@builtin_method(paper=SD_MECHA)
 def get_rank_from_ratio(a: AnySpace, *, ratio: float = 0.5) -> int:
     """The rank that is `ratio` of a's largest (of its 2-d view), rounded: truncate_rank's rank, per key."""
     full = min(a.shape[:1].numel(), a.shape[1:].numel())
     return min(max(round(full * ratio), 0), full)
 
 
-@merge_method(paper=ECKART_YOUNG, random=True)
+@builtin_method(paper=ECKART_YOUNG, random=True)
 def truncate_rank(a: Delta, *, rank: Count = 8, use_approximate_basis: bool = True,
                   approximate_basis_iters: Count = 2, approximate_basis_seed: int | None = None,
                   ctx: KeyContext) -> Delta:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from ..context import KeyContext
-from ..registry import AnySpace, Delta, Fraction, merge_method
+from ..declare import AnySpace, Delta, Fraction, builtin_method
 from ._util import generator, is_close, kth_smallest_magnitude
 
 TIES = "https://arxiv.org/abs/2306.01708"
@@ -17,7 +17,7 @@ MODEL_STOCK = "https://arxiv.org/abs/2403.19522"
 GEOMETRIC_MEDIAN = "https://arxiv.org/abs/1912.13445"
 
 
-@merge_method(paper=TIES)
+@builtin_method(paper=TIES)
 def ties_sum(*models: Delta, k: Fraction = 1.0, vote_sgn: bool = False) -> Delta:
     """TIES: keep each delta's top-k magnitudes, elect a sign, average the agreeing entries."""
     if models[0].numel() == 0:
@@ -28,7 +28,7 @@ def ties_sum(*models: Delta, k: Fraction = 1.0, vote_sgn: bool = False) -> Delta
     return torch.nan_to_num(filtered.sum(dim=0) / counts, nan=0, posinf=0, neginf=0)
 
 
-@merge_method(paper=TIES)
+@builtin_method(paper=TIES)
 def ties_sum_extended(*models: Delta, k: Fraction = 0.2, vote_sgn: bool = False, apply_stock: bool = False,
                       apply_median: bool = False, cos_eps: float = 1e-6, eps: float = 1e-6,
                       maxiter: int = 100, ftol: float = 1e-20) -> Delta:
@@ -38,7 +38,7 @@ def ties_sum_extended(*models: Delta, k: Fraction = 0.2, vote_sgn: bool = False,
     return _ties_extended(models, k, vote_sgn, apply_stock, apply_median, cos_eps, eps, maxiter, ftol)
 
 
-@merge_method(paper=DARE, random=True)
+@builtin_method(paper=DARE, random=True)
 def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps: float = 0.0,
                           rescale: bool = True, k: Fraction = 0.2, vote_sgn: bool = False,
                           apply_stock: bool = False, cos_eps: float = 1e-6, apply_median: bool = False,
@@ -53,7 +53,7 @@ def ties_sum_with_dropout(*deltas: Delta, probability: Fraction = 0.9, della_eps
     return res / (1.0 - probability) if rescale else res
 
 
-@merge_method(paper=MODEL_STOCK)
+@builtin_method(paper=MODEL_STOCK)
 def model_stock(*deltas: Delta, cos_eps: float = 1e-6) -> Delta:
     """Model Stock: the mean delta scaled by t = n cos / (1 + (n - 1) cos) of neighbouring deltas.
 
@@ -61,7 +61,7 @@ def model_stock(*deltas: Delta, cos_eps: float = 1e-6) -> Delta:
     return torch.nan_to_num(model_stock_t(deltas, cos_eps) * (sum(deltas) / len(deltas)))
 
 
-@merge_method(paper=GEOMETRIC_MEDIAN)
+@builtin_method(paper=GEOMETRIC_MEDIAN)
 def geometric_median(*models: AnySpace, eps: float = 1e-6, maxiter: int = 100,
                      ftol: float = 1e-20) -> AnySpace:
     """The geometric median of the tensors by Weiszfeld iterations (robust to an outlier model)."""
