@@ -280,3 +280,70 @@ def lora(family: Family, patcher: ModelPatcher, fmt: LoraFormat | None = None) -
             name, kohya = LORA_NAMES[fmt.name](module_name)
             out.update(_pair(name, tuple(module.weight.shape), kohya, seed))
     return out
+
+
+def deeper(family: Family, blocks: int = 2) -> Family:
+    """``family`` with ``blocks`` blocks where it has a single stack of one (Wan, LTX-Video), so a block
+    map can tell two of them apart; other families are returned as they are."""
+    if "num_layers" not in family.config:
+        return family
+    return dataclasses.replace(family, config={**family.config, "num_layers": blocks})
+
+
+def lycoris(family: Family, patcher: ModelPatcher, algo: str) -> Tensors:
+    """A LyCORIS ``algo`` ("loha" or "lokr", tiny_weights' builders: rank RANK, alpha RANK / 2) of
+    ``family`` in kohya names (``lora_unet_blocks_0_self_attn_q.hada_w1_a``), on the linears its kohya
+    LoRA trains; each module's delta has the std of ``lora``'s."""
+    from tiny_weights import MODULE_BUILDERS, LoraSpec
+
+    fmt = next(f for f in family.loras if f.name == "kohya")
+    spec = LoraSpec(f"tiny-dit-{algo}/{family.name}", algo, RANK)
+    out: Tensors = {}
+    for module_name, module in patcher.model.diffusion_model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module_name.startswith(_BLOCKS) \
+                and module_name.endswith(fmt.targets):
+            name, _ = LORA_NAMES["kohya"](module_name)
+            shape = tuple(module.weight.shape)
+            out.update(MODULE_BUILDERS[algo](name, shape, spec, _delta_std(shape), f"{spec.name}/{name}"))
+            out[f"{name}.alpha"] = torch.tensor(spec.alpha, dtype=torch.float16)
+    return out
+
+
+def fp8_mixed(family: Family) -> tuple[Tensors, dict[str, str]]:
+    """``family``'s tiny model in ComfyUI's fp8 mixed-precision layout (devtools/tiny_quant.py's, by
+    ComfyUI's own fp8 layout): every linear weight of the blocks float8_e4m3fn with its per-tensor
+    ``weight_scale``, the rest as ``state_dict`` gives it; (tensors, the ``metadata`` argument of
+    ``comfy.sd.load_diffusion_model_state_dict``, as a file's header would give it)."""
+    import json
+
+    import comfy.supported_models
+    import tiny_quant
+
+    tensors = state_dict(family)
+    config = getattr(comfy.supported_models, family.supported)(_config(family))
+    with torch.device("meta"):
+        model = config.get_model({}, device="meta")
+    layers: dict[str, dict[str, str]] = {}
+    for name, module in model.diffusion_model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.startswith(_BLOCKS):
+            tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"] = tiny_quant.quantize_fp8(
+                tensors[f"{name}.weight"].to(torch.float32))
+            layers[name] = {"format": "float8_e4m3fn"}
+    quant = json.dumps({"format_version": "1.0", "layers": layers}, sort_keys=True)
+    return tensors, {"_quantization_metadata": quant}
+
+
+# ComfyUI-GGUF's tools on SD3 (convert.py's ModelSD3, lcpp.patch's quantization rules): the embedders,
+# final layer and pos_embed stay F16, every other weight of 2+ dimensions is quantized
+SD3_GGUF_KEEP = ("final_layer.", "time_text_embed.", "context_embedder.", "t_embedder.", "y_embedder.",
+                 "x_embedder.")
+
+
+def write_sd35_gguf(path: str, qtype: str = "Q8_0") -> None:
+    """The tiny SD3.5 as a GGUF file (devtools/tiny_gguf.py's writer, the layout ComfyUI-GGUF's tools give
+    SD3: ``general.architecture`` sd3) at ``path``, for ComfyUI-GGUF's UnetLoaderGGUF. A file, not a
+    state dict: ComfyUI-GGUF reads its tensors only from a file."""
+    import tiny_gguf
+
+    layout = tiny_gguf.GgufLayout("sd3", "", "", False, SD3_GGUF_KEEP, ("proj_out.weight", "pos_embed"))
+    tiny_gguf.write_gguf(path, dict(sorted(state_dict(FAMILIES["sd35"]).items())), layout, qtype)

@@ -145,7 +145,6 @@ class GgufModels:
 
     def write(self, out_dir: Path, rel: str) -> str:
         """Write ``out_dir / rel`` (a temporary file renamed into place) and return its sha256."""
-        import gguf
         from safetensors.torch import load_file
 
         stem, qtype = Path(rel).stem.rsplit("-", 1)
@@ -156,42 +155,51 @@ class GgufModels:
                                     f"(python devtools/tiny_models.py --out {out_dir}).")
         tensors = {k.removeprefix(layout.prefix): v for k, v in sorted(load_file(source).items())
                    if k.startswith(layout.prefix)}
-        writer = gguf.GGUFWriter(path=None, arch=layout.arch)
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        file_type = {"Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S}[qtype]
-        writer.add_file_type(file_type)  # what llama-quantize records (--pure keeps Q4_K_S's file type)
-        for key, tensor in tensors.items():
-            data, kind = self._tensor(layout, key, tensor.numpy(), qtype, writer)
-            writer.add_tensor(key, data, raw_dtype=gguf.GGMLQuantizationType[kind])
         path = out_dir / rel
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-            temporary = handle.name
-        try:
-            writer.write_header_to_file(path=temporary)
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
+        write_gguf(path, tensors, layout, qtype)
         import tiny_models
 
         return tiny_models.sha256(path)
 
-    @staticmethod
-    def _tensor(layout: GgufLayout, key: str, data: np.ndarray, qtype: str, writer) -> tuple[np.ndarray, str]:
-        """(data as written, its GGML type name): convert.py's reshape, then llama-quantize's choice."""
-        import gguf
 
-        count = data.size
-        if (layout.shape_fix and data.ndim > 1 and count >= SHAPE_FIX_MIN and count % SHAPE_FIX_ROW == 0
-                and data.shape[-1] % SHAPE_FIX_ROW != 0):
-            writer.add_array(f"comfy.gguf.orig_shape.{key}", [int(n) for n in data.shape])
-            data = data.reshape(count // SHAPE_FIX_ROW, SHAPE_FIX_ROW)
-        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
-        if layout.quantizable(key, data.shape) and data.shape[-1] % block == 0:
-            return quantize(data, qtype), qtype
-        return data.astype(np.float16), "F16"
+def write_gguf(path: str | Path, tensors: dict, layout: GgufLayout, qtype: str) -> None:
+    """Write ``tensors`` (key -> torch tensor, prefix already stripped; written in their order) as
+    ComfyUI-GGUF's tools would (``layout``, ``qtype``) to ``path``: a temporary file renamed into place."""
+    import gguf
+
+    path = Path(path)
+    writer = gguf.GGUFWriter(path=None, arch=layout.arch)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    file_type = {"Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_K": gguf.LlamaFileType.MOSTLY_Q4_K_S}[qtype]
+    writer.add_file_type(file_type)  # what llama-quantize records (--pure keeps Q4_K_S's file type)
+    for key, tensor in tensors.items():
+        data, kind = _tensor(layout, key, tensor.numpy(), qtype, writer)
+        writer.add_tensor(key, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+        temporary = handle.name
+    try:
+        writer.write_header_to_file(path=temporary)
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _tensor(layout: GgufLayout, key: str, data: np.ndarray, qtype: str, writer) -> tuple[np.ndarray, str]:
+    """(data as written, its GGML type name): convert.py's reshape, then llama-quantize's choice."""
+    import gguf
+
+    count = data.size
+    if (layout.shape_fix and data.ndim > 1 and count >= SHAPE_FIX_MIN and count % SHAPE_FIX_ROW == 0
+            and data.shape[-1] % SHAPE_FIX_ROW != 0):
+        writer.add_array(f"comfy.gguf.orig_shape.{key}", [int(n) for n in data.shape])
+        data = data.reshape(count // SHAPE_FIX_ROW, SHAPE_FIX_ROW)
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
+    if layout.quantizable(key, data.shape) and data.shape[-1] % block == 0:
+        return quantize(data, qtype), qtype
+    return data.astype(np.float16), "F16"

@@ -1,0 +1,392 @@
+"""T1: Hook Block Weights, LyCORIS, fp8 mixed precision and GGUF on the 2026 families (issue 31 items 3, 4).
+
+The tiny models and LoRAs of devtools/tiny_dits.py (ComfyUI's own classes and loader), sampled 2 steps with
+devtools/arch_sampling.py; LoraLoader (``comfy.sd.load_lora_for_models``, the node's body) is the reference.
+The engine must plan every hook (``plans_built``) and leave the weights as they were.
+
+- Hook Block Weights (the ``PatchbayHookBlockWeights`` node; block names of merge/architectures.py, whose
+  family it detects from the model): one group of blocks at 0 and another at 0.5 equals LoraLoader with the
+  first group's LoRA tensors left out and the second's loaded by a second LoraLoader at half strength,
+  within 1e-4 of the LoRA's effect (measured 4e-6 to 1.6e-5). Wan and LTX-Video get two blocks
+  (``tiny_dits.deeper``) so a map can tell blocks apart; Flux.2 and HunyuanVideo 1.5 zero their double
+  block and halve the single one; SD3.5 has two joint blocks. A LoHa on Wan 2.1 takes block weights too.
+- LyCORIS LoHa and LoKr in kohya names (``lora_unet_blocks_0_self_attn_q.hada_w1_a``) on Wan 2.1: Fast Hooks
+  equals LoraLoader within 1e-4 of the effect, every module mapped by ComfyUI and claimed by the engine.
+- fp8 mixed precision (``tiny_dits.fp8_mixed``: devtools/tiny_quant.py's layout and ComfyUI's own fp8
+  quantizer on every linear of the blocks, loaded by ``load_diffusion_model_state_dict`` with the
+  ``_quantization_metadata`` a file's header gives) on Wan 2.1 and SD3.5. Fast Hooks equals LoraLoader on a
+  float32 copy of the dequantized weights within 1e-3 of the effect (float rounding; measured 4.9e-6 and
+  7e-6), and LoraLoader on the quantized model itself within 3x the quantization noise (|latent of the fp8
+  model - latent of the 16-bit one| without a LoRA: 0.19x the LoRA's effect on Wan 2.1, 0.28x on SD3.5).
+  LoraLoader rounds W + LoRA back into fp8 stochastically (test_t1_hook_engine_quantized.py), so it
+  differs by more than the file's own noise: measured 1.2-1.4x that noise on ComfyUI 0.33, 1.2-1.6x on
+  0.3.75. Every quantized weight keeps its class, dtype, storage and bytes. Core's hook path fails at the
+  first step and leaves the model unchanged, as the README says for the SD1.5 files: 0.33
+  ``AttributeError`` (no ``weight_scale`` attribute, in ``get_key_weight``), 0.3.75 ``AssertionError`` in
+  the layer's ``set_weight``.
+- GGUF: the tiny SD3.5 in Q8_0 (``tiny_dits.write_sd35_gguf``: devtools/tiny_gguf.py's writer with
+  ComfyUI-GGUF's SD3 rules) through ComfyUI-GGUF's own UnetLoaderGGUF. ComfyUI-GGUF's LoraLoader adds the
+  LoRA where a layer dequantizes its weight, so Fast Hooks equals it within 1e-3 of the effect (measured
+  5e-6 to 5.7e-6, kohya and diffusers LoRAs and a block map; quantization moves the latent by 0.033-0.036x
+  the effect); the GGML tensors keep their type and bytes. Core's hook path fails on ComfyUI-GGUF's fake
+  ``temp.weight`` entry, as the README says for SD1.5 and Flux.
+
+Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): not collected on 0.3.75.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+
+import arch_sampling
+import devpaths
+import pytest
+import tiny_dits
+import torch
+
+pytestmark = pytest.mark.t1
+
+
+def _newer() -> bool:
+    """ComfyUI 0.33; False where no ComfyUI is set (t0 alone collects this file without one)."""
+    try:
+        return devpaths.comfyui_version() != "0.3.75"
+    except RuntimeError:
+        return False
+
+
+NEWER = _newer()
+FAMILIES = tiny_dits.families(NEWER)
+STEPS = 2
+STRENGTH = 0.8
+EXACT = 1e-4  # of the LoRA's effect (the largest change LoraLoader makes to the latent)
+EXACT_REL = 1e-3  # of the effect, quantized models: float32 rounding (the LoRA on the output, not the weight)
+NOISE_BOUND = 3.0  # x the quantization noise, Fast Hooks vs LoraLoader on an fp8 model (module docstring)
+
+
+class Models:
+    """Tiny models (``deeper``: two blocks where a family has one stack of one), built once per module."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, bool], object] = {}
+
+    def get(self, name: str, deeper: bool = False) -> tuple:
+        family = tiny_dits.FAMILIES[name]
+        family = tiny_dits.deeper(family) if deeper else family
+        if (name, deeper) not in self._models:
+            self._models[name, deeper] = tiny_dits.load(family)
+        return family, self._models[name, deeper]
+
+
+@pytest.fixture(scope="module")
+def dits(comfy) -> Models:
+    return Models()
+
+
+@pytest.fixture(scope="module")
+def engine(comfy):
+    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+
+
+def sample(family, model, hooks=None) -> torch.Tensor:
+    """KSampler's latent, in inference mode as ComfyUI's executor runs every node."""
+    positive = arch_sampling.make_cond(family.name, 1, hooks=hooks)
+    negative = arch_sampling.make_cond(family.name, 2, hooks=hooks)
+    with torch.inference_mode():
+        return arch_sampling.sample(model, positive, negative, seed=0, steps=STEPS,
+                                    latent_shape=family.latent)
+
+
+def effect_of(with_lora, without, what) -> float:
+    effect = (with_lora - without).abs().max().item()
+    assert effect > 1e-2 * with_lora.abs().max().item(), f"{what}: the LoRA does (almost) nothing"
+    return effect
+
+
+def assert_within(diff: float, bound: float, scale: float, what: str, unit: str = "effect") -> None:
+    """``diff`` <= ``bound`` x ``scale`` (the LoRA's effect, or the quantization noise), reported as such."""
+    print(f"{what}: {diff / scale:.2g} x {unit}")
+    assert diff <= bound * scale, f"{what}: max |diff| {diff:.3g} > {bound} x {unit} {scale:.3g}"
+
+
+def claimed_sample(engine, family, model, hooks) -> torch.Tensor:
+    """Fast Hooks' latent; the engine must plan the hooks."""
+    fast = engine.enable_hook_engine(model)
+    plans = engine.hook_engine_of(fast).plans_built
+    latent = sample(family, fast, hooks)
+    assert engine.hook_engine_of(fast).plans_built == plans + 1, "the engine did not plan the hooks"
+    return latent
+
+
+def lora_of(family, model, kind: str) -> dict[str, torch.Tensor]:
+    """The LoRA of ``family``: a format of tiny_dits (``family.loras``) or a LyCORIS algo."""
+    if kind in ("loha", "lokr"):
+        return tiny_dits.lycoris(family, model, kind)
+    return tiny_dits.lora(family, model, next(f for f in family.loras if f.name == kind))
+
+
+# --- Hook Block Weights ------------------------------------------------------------------------------
+# (family, LoRA: a format of tiny_dits or a LyCORIS algo) -> (table family, block map, LoRA key prefixes
+# of the blocks it sets to 0, of those it sets to 0.5)
+_WAN_KOHYA = (("lora_unet_blocks_0_",), ("lora_unet_blocks_1_",))
+_LTXV = tuple((f"diffusion_model.transformer_blocks.{i}.",) for i in (0, 1))
+BLOCK_CASES = {
+    ("flux2", "diffusers"): ("flux2", "double_blocks.*=0, single_blocks.*=0.5",
+                             ("transformer.transformer_blocks.",),
+                             ("transformer.single_transformer_blocks.",)),
+    ("sd35", "diffusers"): ("sd3", "joint_blocks.0=0\njoint_blocks.1=0.5",
+                            ("transformer.transformer_blocks.0.",), ("transformer.transformer_blocks.1.",)),
+    ("wan21", "kohya"): ("wan21", "blocks.0=0, blocks.1=0.5", *_WAN_KOHYA),
+    ("wan21", "loha"): ("wan21", "blocks.0-0=0; blocks.1=0.5", *_WAN_KOHYA),
+    ("wan22_5b", "ai-toolkit"): ("wan22_5b", "blocks.0=0, blocks.1=0.5", ("diffusion_model.blocks.0.",),
+                                 ("diffusion_model.blocks.1.",)),
+    ("hunyuan15", "diffusion-pipe"): ("hunyuan_video15", "double_blocks.*=0, single_blocks.0=0.5",
+                                      ("transformer.double_blocks.",), ("transformer.single_blocks.",)),
+    ("ltxv", "ltx-trainer"): ("ltxv", "transformer_blocks.0=0, transformer_blocks.1=0.5", *_LTXV),
+}
+BLOCK_IDS = [case for case in BLOCK_CASES if case[0] in FAMILIES]
+
+
+def block_map_diff(comfy, engine, family, model, lora, case) -> tuple[float, float]:
+    """(max |Fast Hooks with the ``case``'s block map - LoraLoader on those blocks|, the LoRA's effect):
+    the zeroed blocks' tensors left out, the halved ones loaded by a second LoraLoader at half strength."""
+    blocks = sys.modules[comfy.pack.__name__ + ".nodes.hook_blocks"]
+    table_id, text, zeroed, halved = case
+    assert blocks.model_blocks(model)[0] == table_id, "the architecture table detects another family"
+    rest = {k: v for k, v in lora.items() if not k.startswith(zeroed + halved)}
+    half = {k: v for k, v in lora.items() if k.startswith(halved)}
+    assert half and len(rest) + len(half) < len(lora), "the case must zero some blocks and halve others"
+    once = arch_sampling.load_lora(model, rest, STRENGTH) if rest else model
+    expected = sample(family, arch_sampling.load_lora(once, half, STRENGTH / 2))
+    whole = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))
+    effect = effect_of(whole, sample(family, model), f"{family.name} {text!r}")
+    assert (expected - whole).abs().max() > 0.1 * effect, "the block map barely changes the LoRA"
+    hooks = arch_sampling.hook_lora(lora, STRENGTH)
+    (weighted,) = blocks.PatchbayHookBlockWeights().apply(hooks, model, text)
+    actual = claimed_sample(engine, family, model, weighted)
+    return (actual - expected).abs().max().item(), effect
+
+
+@pytest.mark.parametrize(("name", "kind"), BLOCK_IDS, ids=[f"{n}-{k}" for n, k in BLOCK_IDS])
+def test_block_weights_equal_loraloader_without_and_at_half_on_those_blocks(
+        comfy, dits, engine, weights_digest, name, kind):
+    family, model = dits.get(name, deeper=True)
+    before = weights_digest(model)
+    lora = lora_of(family, model, kind)
+    diff, effect = block_map_diff(comfy, engine, family, model, lora, BLOCK_CASES[name, kind])
+    assert_within(diff, EXACT, effect, f"{name} {kind} block map vs LoraLoader on those blocks")
+    assert weights_digest(model) == before and not model.patches and not model.hook_patches
+
+
+# --- LyCORIS -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algo", ["loha", "lokr"])
+def test_lycoris_on_wan21_equals_loraloader(dits, engine, weights_digest, algo):
+    """LoHa / LoKr in kohya names on every attention and feed-forward linear of Wan 2.1's block."""
+    import comfy.lora
+    import comfy.lora_convert
+
+    family, model = dits.get("wan21")
+    lora = tiny_dits.lycoris(family, model, algo)
+    key_map = comfy.lora.model_lora_keys_unet(model.model, {})
+    with arch_sampling.logged() as unmatched:  # "lora key not loaded: ..."
+        loraloader_keys = comfy.lora.load_lora(comfy.lora_convert.convert_lora(lora), key_map)
+    modules = sum(key.endswith(".alpha") for key in lora)  # self- and cross-attention q, k, v, o; ffn 0, 2
+    assert not unmatched and len(loraloader_keys) == modules == 10, "ComfyUI does not map every module"
+    before = weights_digest(model)
+    expected = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))
+    effect = effect_of(expected, sample(family, model), f"wan21 {algo}")
+    hooks = arch_sampling.hook_lora(lora, STRENGTH)
+    actual = claimed_sample(engine, family, model, hooks)
+    assert_within((actual - expected).abs().max().item(), EXACT, effect, f"wan21 {algo} vs LoraLoader")
+    fast = engine.enable_hook_engine(model)
+    parsed = engine.hook_engine_of(fast).hook_patches(fast.model, hooks.hooks[0])
+    assert parsed.reason is None and set(parsed.patches) == set(loraloader_keys), "not every weight claimed"
+    assert weights_digest(model) == before and not model.patches and not model.hook_patches
+
+
+# --- fp8 mixed precision -----------------------------------------------------------------------------
+QUANT_FAMILIES = ("wan21", "sd35")
+
+
+class Quantized:
+    """Per family: the fp8 model, its float32 dequantized copy and latents without a LoRA, made once."""
+
+    def __init__(self, dits: Models) -> None:
+        self.dits = dits
+        self._cache: dict = {}
+
+    def _get(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def model(self, name: str):
+        import comfy.sd
+
+        def make():
+            tensors, metadata = tiny_dits.fp8_mixed(tiny_dits.FAMILIES[name])
+            self._cache["layers", name] = set(json.loads(metadata["_quantization_metadata"])["layers"])
+            with torch.inference_mode():  # as the executor runs UNETLoader (0.33 cannot mix the modes)
+                return comfy.sd.load_diffusion_model_state_dict(tensors, metadata=metadata)
+        return self._get(("fp8", name), make)
+
+    def layers(self, name: str) -> set[str]:
+        """The layers the fp8 file lists as quantized."""
+        self.model(name)
+        return self._cache["layers", name]
+
+    def copy(self, name: str):
+        """Core's layers, float32 weights: the values the fp8 model's layers compute with."""
+        import comfy.sd
+
+        def make():
+            state = {}
+            with torch.inference_mode():
+                for module_name, module in self.model(name).model.diffusion_model.named_modules():
+                    prefix = f"{module_name}." if module_name else ""
+                    for param_name, param in module.named_parameters(recurse=False):
+                        convert = getattr(module, f"convert_{param_name}", None)
+                        value = convert(param, inplace=False) if convert is not None else param
+                        state[prefix + param_name] = value.to(torch.float32).clone()
+                    for buffer_name, buffer in module.named_buffers(recurse=False):  # SD3's pos_embed
+                        state[prefix + buffer_name] = buffer.to(torch.float32).clone()
+                return comfy.sd.load_diffusion_model_state_dict(state)
+        return self._get(("copy", name), make)
+
+    def plain(self, name: str, which: str) -> torch.Tensor:
+        """The latent without a LoRA of the "fp8" model, its "copy" or the 16-bit "float" one."""
+        models = {"fp8": self.model, "copy": self.copy, "float": lambda n: self.dits.get(n)[1]}
+        family = tiny_dits.FAMILIES[name]
+        return self._get(("plain", which, name), lambda: sample(family, models[which](name)))
+
+
+@pytest.fixture(scope="module")
+def quant(dits) -> Quantized:
+    return Quantized(dits)
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+def stored_weights(model) -> dict:
+    """{layer: (class, dtype, address and sha256 of the stored data)} of every quantized weight."""
+    import comfy.quant_ops
+
+    out = {}
+    for name, module in model.model.diffusion_model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, comfy.quant_ops.QuantizedTensor):
+            out[name] = (type(weight), weight.dtype, weight._qdata.data_ptr(), digest(weight._qdata))
+    return out
+
+
+@pytest.mark.parametrize("name", QUANT_FAMILIES)
+def test_fast_hooks_on_fp8_mixed_equal_loraloader_and_weights_stay_fp8(dits, quant, engine, caplog, name):
+    import comfy.model_management
+
+    family, floating = dits.get(name)
+    model = quant.model(name)
+    before = stored_weights(model)
+    assert set(before) == quant.layers(name) and len(before) >= 10, f"{name}: {sorted(before)} loaded as fp8"
+    with torch.inference_mode():
+        comfy.model_management.unload_all_models()  # takes off what an earlier LoraLoader run patched in
+    lora = tiny_dits.lora(family, floating)
+    with caplog.at_level(logging.DEBUG, logger="patchbay.hooks"):
+        actual = claimed_sample(engine, family, model, arch_sampling.hook_lora(lora, STRENGTH))
+    assert "weight-swapping path" not in caplog.text, caplog.text
+    assert stored_weights(model) == before, f"{name}: the engine's run changed a quantized weight"
+
+    exact = sample(family, arch_sampling.load_lora(quant.copy(name), lora, STRENGTH))
+    effect = effect_of(exact, quant.plain(name, "copy"), f"{name} fp8")
+    assert_within((actual - exact).abs().max().item(), EXACT_REL, effect, f"{name} fp8 vs the float32 copy")
+    loraloader = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))
+    noise = (quant.plain(name, "fp8") - quant.plain(name, "float")).abs().max().item()
+    print(f"{name} fp8: noise {noise / effect:.2g} x effect")
+    diff = (actual - loraloader).abs().max().item()
+    assert_within(diff, NOISE_BOUND, noise, f"{name} fp8 vs LoraLoader on it", "quantization noise")
+    assert not model.patches and not model.hook_patches
+
+
+# (the exception, its message, a function of ComfyUI's it is raised from)
+CORE_FAILS = ((AttributeError, "'Linear' object has no attribute 'weight_scale'", "get_key_weight") if NEWER
+              else (AssertionError, None, "set_weight"))
+
+
+@pytest.mark.parametrize("name", QUANT_FAMILIES)
+def test_core_hooks_fail_on_fp8_mixed_dits(dits, quant, name):
+    family, floating = dits.get(name)
+    model = quant.model(name)
+    error, message, where = CORE_FAILS
+    with pytest.raises(error, match=message) as info:
+        sample(family, model, arch_sampling.hook_lora(tiny_dits.lora(family, floating), STRENGTH))
+    assert where in {entry.name for entry in info.traceback}, info.traceback
+    assert torch.equal(sample(family, model), quant.plain(name, "fp8")), "the failed run changed the model"
+
+
+# --- GGUF --------------------------------------------------------------------------------------------
+GGUF_NAME = "patchbay-sd35-tiny-Q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def sd35_gguf(comfy, tmp_path_factory):
+    """The tiny SD3.5 in Q8_0 through ComfyUI-GGUF's own UnetLoaderGGUF (its folder added for the load)."""
+    import folder_paths
+    import gguf_sampling
+
+    import nodes
+
+    gguf_sampling.load_comfyui_gguf()
+    folder = tmp_path_factory.mktemp("gguf_dits")
+    tiny_dits.write_sd35_gguf(str(folder / GGUF_NAME))
+    paths, extensions = folder_paths.folder_names_and_paths["diffusion_models"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(folder_paths.folder_names_and_paths, "diffusion_models",
+                      ([*paths, str(folder)], extensions))
+        return nodes.NODE_CLASS_MAPPINGS[gguf_sampling.LOADER]().load_unet(GGUF_NAME)[0]
+
+
+def gguf_weights(model) -> dict:
+    """{parameter: (GGML type, sha256 of its stored blocks)} of the diffusion model."""
+    return {name: (getattr(param, "tensor_type", None), digest(param.as_subclass(torch.Tensor)))
+            for name, param in model.model.diffusion_model.named_parameters()}
+
+
+@pytest.mark.parametrize("fmt", ["diffusers", "kohya"])
+def test_fast_hooks_on_a_gguf_sd35_equal_its_loraloader(dits, engine, sd35_gguf, fmt):
+    import comfy.model_base
+
+    family, floating = dits.get("sd35")
+    assert type(sd35_gguf.model) is comfy.model_base.SD3
+    before = gguf_weights(sd35_gguf)
+    assert {kind.name for kind, _ in before.values() if kind is not None} == {"Q8_0", "F16"}, before
+    lora = lora_of(family, floating, fmt)
+    plain = sample(family, sd35_gguf)
+    expected = sample(family, arch_sampling.load_lora(sd35_gguf, lora, STRENGTH))  # added at dequantize time
+    effect = effect_of(expected, plain, f"sd35 Q8_0 {fmt}")
+    print(f"sd35 Q8_0: noise {(plain - sample(family, floating)).abs().max().item() / effect:.2g} x effect")
+    actual = claimed_sample(engine, family, sd35_gguf, arch_sampling.hook_lora(lora, STRENGTH))
+    assert_within((actual - expected).abs().max().item(), EXACT_REL, effect, f"sd35 Q8_0 {fmt} vs LoraLoader")
+    assert gguf_weights(sd35_gguf) == before and not sd35_gguf.patches and not sd35_gguf.hook_patches
+
+
+def test_block_weights_on_a_gguf_sd35(comfy, dits, engine, sd35_gguf):
+    """Block weights on the GGUF SD3.5 (ComfyUI-GGUF's tensors report their logical shapes, so the table
+    detects sd3 from the keys): as on the float model, against ComfyUI-GGUF's LoraLoader."""
+    family, floating = dits.get("sd35")
+    before = gguf_weights(sd35_gguf)
+    case = BLOCK_CASES["sd35", "diffusers"]
+    diff, effect = block_map_diff(comfy, engine, family, sd35_gguf, tiny_dits.lora(family, floating), case)
+    assert_within(diff, EXACT_REL, effect, "sd35 Q8_0 block map vs LoraLoader on those blocks")
+    assert gguf_weights(sd35_gguf) == before
+
+
+def test_core_hooks_fail_on_a_gguf_sd35(dits, sd35_gguf):
+    """As the README says for SD1.5 and Flux: ComfyUI-GGUF's fake ``temp.weight`` entry stops core."""
+    family, floating = dits.get("sd35")
+    with pytest.raises(AttributeError, match="object has no attribute 'temp'"):
+        sample(family, sd35_gguf, arch_sampling.hook_lora(tiny_dits.lora(family, floating), STRENGTH))
