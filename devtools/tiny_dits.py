@@ -164,8 +164,21 @@ LORA_NAMES = {  # module name -> (LoRA module name, kohya layout with alpha?)
 DIFFUSERS_MAPS = {"flux2": "flux_to_diffusers", "sd35": "mmdit_to_diffusers"}  # comfy.utils functions
 
 
-def families(newer: bool) -> list[str]:
-    """The families the running ComfyUI builds small (``newer``: 0.33, not 0.3.75)."""
+def newer_comfyui() -> bool:
+    """Whether the ComfyUI set for the tests is newer than 0.3.75 (False where none is set: t0 alone
+    collects the tests that use this module without one)."""
+    import devpaths
+
+    try:
+        return devpaths.comfyui_version() != "0.3.75"
+    except RuntimeError:
+        return False
+
+
+def families(newer: bool | None = None) -> list[str]:
+    """The families the running ComfyUI builds small (``newer``: 0.33, not 0.3.75; default: the
+    ComfyUI set for the tests, ``newer_comfyui``)."""
+    newer = newer_comfyui() if newer is None else newer
     return [name for name, family in FAMILIES.items() if newer or not family.newer_only]
 
 

@@ -2,7 +2,8 @@
 
 - ``recipe``: the frozen recipe graph (node types in ``graph``), checked builders, ``bind``.
 - ``registry``: ``@merge_method``, ``get``, ``all_methods``, ``scope``; ``methods/`` the built-ins,
-  declared with ``declare.builtin_method`` and registered when the registry is imported. ``names``: merge spaces and "did you mean".
+  declared with ``declare.builtin_method`` and registered when the registry is imported.
+  ``names``: merge spaces and "did you mean".
 - ``context``: ``KeyContext``, what a method sees besides its tensors.
 - ``blocks``: block and component of a key (sd15, sdxl, flux), per-block literal resolution.
 - ``mecha_text``: sd-mecha's ``.mecha`` text, read and written.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import sys
 
 import arch_sampling
-import devpaths
 import pytest
 import tiny_dits
 import torch
@@ -30,15 +29,7 @@ import torch
 pytestmark = pytest.mark.t1
 
 
-def _newer() -> bool:
-    """ComfyUI 0.33; False where no ComfyUI is set (t0 alone collects this file without one)."""
-    try:
-        return devpaths.comfyui_version() != "0.3.75"
-    except RuntimeError:
-        return False
-
-
-FAMILIES = tiny_dits.families(_newer())
+FAMILIES = tiny_dits.families()
 FORMATS = [(name, fmt.name) for name in FAMILIES for fmt in tiny_dits.FAMILIES[name].loras]
 STEPS = 2
 STRENGTH = 0.8

@@ -42,7 +42,6 @@ import logging
 import sys
 
 import arch_sampling
-import devpaths
 import pytest
 import tiny_dits
 import torch
@@ -50,15 +49,7 @@ import torch
 pytestmark = pytest.mark.t1
 
 
-def _newer() -> bool:
-    """ComfyUI 0.33; False where no ComfyUI is set (t0 alone collects this file without one)."""
-    try:
-        return devpaths.comfyui_version() != "0.3.75"
-    except RuntimeError:
-        return False
-
-
-NEWER = _newer()
+NEWER = tiny_dits.newer_comfyui()
 FAMILIES = tiny_dits.families(NEWER)
 STEPS = 2
 STRENGTH = 0.8
