@@ -18,7 +18,8 @@ Data flow (see docs/design-hook-engine.md)::
           (strength_model x keyframe strength), pass core a copy of the cond without those hooks,
           so every cond group runs in one batched forward pass
     APPLY_MODEL wrapper: transformer_options["uuids"] -> (chunks, hooks) strengths -> ContextVar
-    forward hook: ModuleDeltas.apply adds each active hook's delta on its rows, in place
+    forward hook: ModuleDeltas.apply adds each active hook's delta on its rows, in place (weighted per
+          token where transformer_options[TOKEN_WEIGHTS_KEY] gives weights: hooks/couple.py)
 On a model compiled by ComfyUI's TorchCompileModel the RunPlan carries a CompiledRun instead: its own
 forward hooks, strengths as a tensor and the deltas inside compiled graphs of their own
 (hooks/compiled.py); hooks with a dense delta are left to core there.
@@ -47,12 +48,15 @@ from .lowrank import ModuleDeltas, RowStrengths
 from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, dense_key, load_hook_patches
 from .quantized import plain_weight
 
-__all__ = ["ROUNDINGS", "RUN_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
+__all__ = ["ROUNDINGS", "RUN_KEY", "TOKEN_WEIGHTS_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
            "calc_cond_batch_wrapper", "outer_sample_wrapper"]
 
 log = logging.getLogger("patchbay.hooks")
 
 RUN_KEY = "patchbay.hooks.run"
+# transformer_options entry: an object with ``for_call(RunPlan.index, x) -> TokenWeights | None``
+# that weights some hooks' deltas per token (hooks/couple.py: a region's LoRA inside its mask)
+TOKEN_WEIGHTS_KEY = "patchbay.hooks.token_weights"
 _COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 _COMPILE_KWARGS = "torch_compile_kwargs"  # comfy_api.torch_helpers.torch_compile.TORCH_COMPILE_KWARGS
 _PLANS_KEPT = 8
@@ -328,10 +332,18 @@ def apply_model_wrapper(executor, *args, **kwargs):
     transformer_options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
     run: RunPlan | None = transformer_options.get(RUN_KEY)
     if run is not None and run.compiled is not None:
+        tokens = transformer_options.get(TOKEN_WEIGHTS_KEY)
+        if tokens is not None and tokens.for_call(run.index, args[0] if args else kwargs["x"]) is not None:
+            raise ValueError("per-token hook weights (Attention Couple's region LoRAs) do not run on a "
+                             "model compiled by TorchCompileModel yet; remove TorchCompileModel or the "
+                             "regions' LoRAs.")
         return run.compiled.call(executor, args, kwargs, run.strengths(transformer_options.get("uuids", ())))
     call = None if run is None else run.call_for(transformer_options.get("uuids", ()))
     if call is None:
         return executor(*args, **kwargs)
+    tokens = transformer_options.get(TOKEN_WEIGHTS_KEY)
+    if tokens is not None:
+        call.strengths.weights = tokens.for_call(run.index, args[0] if args else kwargs["x"])
     token = _CALL.set(call)
     try:
         return executor(*args, **kwargs)

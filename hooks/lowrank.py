@@ -4,6 +4,7 @@ Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv/Norm module holds ever
 
     low-rank hook h with down A_h (r_h, in[, kh, kw]) and up B_h (out, r_h), scale alpha_h / r_h
     forward:  y[rows] += s * scale_h * ((x[rows] (*) A_h) (*) B_h)   rows: a run where h has strength s
+              (times a per-token weight w_h(t) where the call gives h one: ``RowStrengths.weights``)
     dense hooks (LoHa, LoKr, DoRA, model-as-LoRA, LoCon with a mid weight, bias diffs):
               y[rows] += s * (x[rows] (*) D_h)                         D_h materialised by the caller
     replacing dense hooks (weights rounded like LoraLoader, D_h = round(W + dW(s)) - W in fp32):
@@ -35,12 +36,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths", "module_kind"]
+__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths", "TokenWeights",
+           "module_kind"]
 
 _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
 _CONV_FN = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}
 
 Run = tuple[int, int, float]  # chunks [start, stop) sharing one nonzero strength
+# (hook, module, output) -> a weight broadcasting against the output's rows (None: weight 1 everywhere)
+TokenWeights = Callable[[int, torch.nn.Module, torch.Tensor], "torch.Tensor | None"]
 
 
 def module_kind(module: torch.nn.Module) -> str | None:
@@ -75,10 +79,11 @@ def _is_linear_op(module: torch.nn.Module) -> bool:
 class RowStrengths:
     """One model call's hook strengths: ``host[chunk][hook]``, as runs of chunks per active hook."""
 
-    __slots__ = ("chunks", "runs")
+    __slots__ = ("chunks", "runs", "weights")
 
-    def __init__(self, host: Sequence[Sequence[float]]) -> None:
+    def __init__(self, host: Sequence[Sequence[float]], weights: TokenWeights | None = None) -> None:
         self.chunks = len(host)
+        self.weights = weights  # per-token weights of some hooks (hooks/couple.py), None: every token 1
         self.runs: dict[int, tuple[Run, ...]] = {}
         for hook in range(len(host[0]) if host else 0):
             runs: list[Run] = []
@@ -160,15 +165,19 @@ class ModuleDeltas:
         per_chunk = _rows_per_chunk(x.shape[0], strengths.chunks)
         y = _writable(y)
         replaced = [False] * strengths.chunks
+        weigh = strengths.weights or _unweighted
         for d in self.dense:
             if d.replace:
+                if weigh(d.hook, module, y) is not None:
+                    raise ValueError("a hook with per-token weights (an Attention Couple region's LoRA) "
+                                     "cannot use rounding 'loraloader'; use rounding 'compute'.")
                 for start, stop, value in runs.get(d.hook, ()):
                     self._replace(module, d.fetch(x.device, torch.float32, value), x, y, start, stop,
                                   per_chunk, replaced)
         for d in self.low_rank:
             for start, stop, value in runs.get(d.hook, ()):
                 a, b = start * per_chunk, stop * per_chunk
-                self._add_low_rank(module, d, x[a:b], y[a:b], value * d.scale)
+                self._add_low_rank(module, d, x[a:b], y[a:b], value * d.scale, weigh(d.hook, module, y))
         for d in self.dense:
             if d.replace:
                 continue
@@ -178,14 +187,17 @@ class ModuleDeltas:
                 strength, alpha = (1.0, value) if d.linear else (value, 1.0)
                 if strength not in fetched:
                     fetched[strength] = d.fetch(x.device, x.dtype, strength)
-                self._add_dense(module, d, fetched[strength], x[a:b], y[a:b], alpha)
+                self._add_dense(module, d, fetched[strength], x[a:b], y[a:b], alpha, weigh(d.hook, module, y))
         return y
 
     def _add_low_rank(self, module: torch.nn.Module, d: LowRankDelta, x: torch.Tensor, y: torch.Tensor,
-                      alpha: float) -> None:
+                      alpha: float, weight: torch.Tensor | None = None) -> None:
         down, up = self._factors(d, x.device, x.dtype)
         h = self._op(module, x, down, spatial=True)
-        if self.kind == "linear" and y.dtype == h.dtype and y.is_contiguous():
+        if weight is not None:  # the delta per token times its weight
+            y.add_((h @ up if self.kind == "linear" else self._op(module, h, up, spatial=False)) * weight,
+                   alpha=alpha)
+        elif self.kind == "linear" and y.dtype == h.dtype and y.is_contiguous():
             flat = y.view(-1, y.shape[-1])
             flat.addmm_(h.reshape(-1, h.shape[-1]), up, alpha=alpha)
         elif self.kind == "linear":
@@ -271,13 +283,14 @@ class ModuleDeltas:
             chunk = end
 
     def _add_dense(self, module: torch.nn.Module, d: DenseDelta, delta: torch.Tensor, x: torch.Tensor,
-                   y: torch.Tensor, alpha: float) -> None:
+                   y: torch.Tensor, alpha: float, weight: torch.Tensor | None = None) -> None:
         if not d.bias:
-            y.add_(self._op(module, x, delta, spatial=True), alpha=alpha)
+            out = self._op(module, x, delta, spatial=True)
         elif self.kind in ("layer_norm", "rms_norm", "linear"):
-            y.add_(delta, alpha=alpha)  # broadcast over the last dimension
+            out = delta  # broadcast over the last dimension
         else:
-            y.add_(delta.reshape(-1, *([1] * (y.ndim - 2))), alpha=alpha)  # channels first
+            out = delta.reshape(-1, *([1] * (y.ndim - 2)))  # channels first
+        y.add_(out if weight is None else out * weight, alpha=alpha)
 
     def _op(self, module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, spatial: bool,
             bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,6 +307,10 @@ class ModuleDeltas:
             return _CONV_FN[self.kind](x, weight, bias, module.stride, module.padding, module.dilation,
                                        module.groups)
         return _CONV_FN[self.kind](x, weight, bias)
+
+
+def _unweighted(hook: int, module: torch.nn.Module, y: torch.Tensor) -> None:
+    return None
 
 
 def _pointwise(conv: torch.nn.Module) -> bool:

@@ -7,6 +7,7 @@ it its ``SEARCH_ALIASES`` from nodes/search_terms.py (the node search's words, k
 from __future__ import annotations
 
 from . import (
+    attention_couple,
     floats,
     hook_blocks,
     hook_keyframes,
@@ -24,8 +25,9 @@ from . import (
     search_terms,
 )
 
-_MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, hook_preview, patcher,
-            merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_grid, merge_hook)
+_MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, attention_couple,
+            hook_preview, patcher, merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_grid,
+            merge_hook)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

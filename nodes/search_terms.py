@@ -39,6 +39,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "PatchbayHookSchedulePreview": ("schedule plot", "keyframe preview", "lora schedule preview"),
     # regions
     "PatchbayRegionalLora": ("regional lora", "region lora", "masked lora", "area lora", "lora mask"),
+    "PatchbayAttentionCouple": ("attention couple", "regional prompt", "regional prompting",
+                                "lora per region", "multiple characters"),
     # patcher
     "PatchbayPatchOrder": ("patch order", "torch compile lora"),
     "PatchbayTrace": ("trace hooks", "debug hooks", "step trace"),

@@ -1,0 +1,293 @@
+"""Attention couple: regional prompts in one batch row, each region's LoRA only inside its mask (UNets).
+
+Why: Regional LoRA (core's masked conds, hooks/regions.py) spends one batch row per region at every step;
+the couple spends one row for all regions (docs/design-attention-couple.md). Data flow::
+
+    attention_couple(model, base, regions, feather_px)
+        masks -> feathered (regions.feather), normalised per position (overlaps share, the base prompt
+                 takes the rest): weights [1 + R, H, W] at the masks' resolution, base first
+        positive cond: the prompts' tokens side by side [base | region 1 | ...] (one context), the
+                 regions' LoRA hooks, a pooled output mixed by area (SDXL)
+        model clone: Fast Hooks on, an attn2_replace patch on every UNet block, and
+                 transformer_options[TOKEN_WEIGHTS_KEY] (hooks/engine.py) for the region LoRAs
+    attn2 (positive rows, cond_or_uncond 0): out = sum_s w_s(pos) * attention(q, k_s, v_s) over the
+        segments s, w_s area-averaged to the block's grid; other rows attend as usual
+    region LoRA r: y[t] += s_r * w_r(t) * delta(x)[t] on image tokens (convs: at their output grid);
+        on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area mean
+
+DiT joint attention is not covered yet (design doc). Masks are MASKs ([H, W] or [1, H, W], 0..1) at the
+image's or the latent's size. Nothing passed in is changed.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import comfy.hooks
+import torch
+import torch.nn.functional as F
+from comfy.ldm.modules import attention
+
+from .enable import enable_hook_engine
+from .engine import TOKEN_WEIGHTS_KEY
+from .lora_hooks import combine
+from .regions import feather
+
+if TYPE_CHECKING:
+    from comfy.model_patcher import ModelPatcher
+
+__all__ = ["MAX_REGIONS", "CoupleError", "CoupleRegion", "CoupleWeights", "attention_couple",
+           "couple_weights"]
+
+MAX_REGIONS = 8
+_TEXT_MODULES = ("attn2.to_k", "attn2.to_v")  # linears on the prompt's tokens, not the image's
+_BLOCKS = ("input", "middle", "output")
+
+
+class CoupleError(ValueError):
+    """Bad regions for an attention couple; the message names the value and the fix."""
+
+
+@dataclass(frozen=True)
+class CoupleRegion:
+    """One region: its CONDITIONING, its MASK and its hooks (None: no LoRA)."""
+
+    cond: list
+    mask: torch.Tensor
+    hooks: comfy.hooks.HookGroup | None = None
+
+
+def couple_weights(masks: Sequence[torch.Tensor], feather_px: int = 0) -> torch.Tensor:
+    """[1 + R, H, W] weights summing to 1 at every position: the base first, then the regions.
+
+    Each mask is feathered; where masks sum to more than 1 they share the position in proportion,
+    where they sum to less the base prompt takes the rest.
+    """
+    if not masks:
+        raise CoupleError("no region: connect at least one region's prompt and mask.")
+    if len(masks) > MAX_REGIONS:
+        raise CoupleError(f"{len(masks)} regions, at most {MAX_REGIONS}: merge regions that share a "
+                          f"prompt into one mask.")
+    sized = []
+    for i, mask in enumerate(masks, 1):
+        m = mask.unsqueeze(0) if mask.ndim == 2 else mask
+        if m.ndim != 3 or m.shape[0] != 1:
+            raise CoupleError(f"region {i}'s mask has shape {tuple(mask.shape)}; a region takes one mask "
+                              f"[H, W] or [1, H, W]: pick one mask of the batch.")
+        if float(m.max()) <= 0:
+            raise CoupleError(f"region {i}'s mask is empty (all 0): draw the region, or disconnect it.")
+        sized.append(feather(m.float(), feather_px)[0])
+    shapes = sorted({tuple(m.shape) for m in sized})
+    if len(shapes) > 1:
+        raise CoupleError(f"region masks differ in size {shapes}; make them one size (the image's or "
+                          f"the latent's).")
+    stacked = torch.stack(sized).clamp(0.0, 1.0)
+    total = stacked.sum(0)
+    regions = stacked / total.clamp(min=1.0)
+    return torch.cat([(1.0 - total.clamp(max=1.0)).unsqueeze(0), regions])
+
+
+class CoupleWeights:
+    """The weights resized per grid (area averaging), cached per (h, w, device, dtype)."""
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.weights = weights  # [S, Hm, Wm], S = 1 + regions
+        self._cache: dict[tuple, torch.Tensor] = {}
+        self._live: dict[tuple[int, int], tuple[bool, ...]] = {}
+
+    def live(self, h: int, w: int) -> tuple[bool, ...]:
+        """Per segment: whether its weight is above 0 anywhere on the (h, w) grid (on the CPU: no sync)."""
+        if (h, w) not in self._live:
+            pooled = F.adaptive_avg_pool2d(self.weights.unsqueeze(0), (h, w))[0]
+            self._live[(h, w)] = tuple(bool(p.max() > 0) for p in pooled)
+        return self._live[(h, w)]
+
+    def at(self, h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """[S, h, w]."""
+        key = (h, w, device, dtype)
+        if key not in self._cache:
+            pooled = F.adaptive_avg_pool2d(self.weights.unsqueeze(0), (h, w))[0]
+            self._cache[key] = pooled.to(device, dtype)
+        return self._cache[key]
+
+    def check_latent(self, height: int, width: int) -> None:
+        """A mask of another aspect than the latent's cannot be placed on it."""
+        mh, mw = self.weights.shape[-2:]
+        if abs(mh / height - mw / width) > 0.02 * max(mh / height, mw / width):
+            raise CoupleError(f"region masks are {mh}x{mw} (HxW) but the latent is {height}x{width} "
+                              f"({height * 8}x{width * 8} pixels): make the masks the image's size or "
+                              f"the latent's.")
+
+
+def _grid(tokens: int, height: int, width: int) -> tuple[int, int] | None:
+    """The UNet level's (h, w) with h * w == tokens (each level halves the latent, rounding up)."""
+    h, w = height, width
+    while h * w > tokens:
+        h, w = math.ceil(h / 2), math.ceil(w / 2)
+        if h == 1 and w == 1:
+            break
+    return (h, w) if h * w == tokens else None
+
+
+@dataclass(frozen=True)
+class _Segments:
+    """Token ranges of the prompts in the couple's context: [(start, stop)] base first; ``total`` tokens."""
+
+    ranges: tuple[tuple[int, int], ...]
+    total: int
+
+
+class CoupleAttention:
+    """The attn2_replace patch: the positive rows attend each prompt separately and blend by weight."""
+
+    def __init__(self, weights: CoupleWeights, segments: _Segments) -> None:
+        self.weights = weights
+        self.segments = segments
+
+    def __deepcopy__(self, memo: dict) -> CoupleAttention:
+        return self  # not changed after construction; ModelPatcher.clone deep-copies model_options
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 extra_options: dict) -> torch.Tensor:
+        heads, precision = extra_options["n_heads"], extra_options.get("attn_precision")
+        chunks = list(extra_options.get("cond_or_uncond", ()))
+        couple = k.shape[1] % self.segments.total == 0 and 0 in chunks
+        if not couple:
+            return attention.optimized_attention(q, k, v, heads, attn_precision=precision)
+        latent = extra_options["original_shape"][-2:]
+        if all(c == 0 for c in chunks):
+            return self._blend(q, k, v, heads, precision, latent)
+        per = q.shape[0] // len(chunks)
+        mine = torch.tensor([c == 0 for c in chunks], device=q.device).repeat_interleave(per)
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
+        rest = ~mine
+        out[rest] = attention.optimized_attention(q[rest], k[rest], v[rest], heads, attn_precision=precision)
+        out[mine] = self._blend(q[mine], k[mine], v[mine], heads, precision, latent)
+        return out
+
+    def _blend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, precision: Any,
+               latent: Sequence[int]) -> torch.Tensor:
+        """sum over the prompts' segments s of w_s(position) * attention(q, k_s, v_s)."""
+        height, width = latent
+        self.weights.check_latent(height, width)
+        grid = _grid(q.shape[1], height, width)
+        if grid is None:
+            raise CoupleError(f"attention couple: {q.shape[1]} image tokens fit no level of a "
+                              f"{height}x{width} latent; the couple knows SD1.5 and SDXL UNets only.")
+        w = self.weights.at(*grid, q.device, q.dtype).flatten(1)  # [S, tokens]
+        acc = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
+        for (start, stop), ws, live in zip(self.segments.ranges, w, self.weights.live(*grid), strict=True):
+            if live:
+                part = attention.optimized_attention(q, k[:, start:stop], v[:, start:stop], heads,
+                                                     attn_precision=precision)
+                acc.addcmul_(part, ws.view(1, -1, 1))
+        return acc
+
+
+class CoupleTokenWeights:
+    """transformer_options[TOKEN_WEIGHTS_KEY]: each region's hooks weighted by the region's weight."""
+
+    def __init__(self, weights: CoupleWeights, segments: _Segments, region_refs: dict[Any, int],
+                 text_modules: weakref.WeakSet) -> None:
+        self.weights = weights
+        self.segments = segments
+        self.region_refs = region_refs  # hook_ref -> segment (1..R)
+        self.text_modules = text_modules
+
+    def __deepcopy__(self, memo: dict) -> CoupleTokenWeights:
+        return self  # shared by clones: it holds hook refs and modules, which must stay themselves
+
+    def for_call(self, index: dict, x: torch.Tensor) -> Callable | None:
+        segment_of = {i: self.region_refs[ref] for ref, i in index.items() if ref in self.region_refs}
+        if not segment_of:
+            return None
+        height, width = x.shape[-2:]
+        self.weights.check_latent(height, width)
+        cache: dict[tuple, torch.Tensor] = {}
+
+        def weigh(hook: int, module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | None:
+            s = segment_of.get(hook)
+            if s is None:
+                return None
+            key = (s, module in self.text_modules, tuple(y.shape[1:]), y.device, y.dtype)
+            if key not in cache:
+                cache[key] = self._weight(s, key[1], y, height, width)
+            return cache[key]
+        return weigh
+
+    def _weight(self, s: int, text: bool, y: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        if y.ndim == 4:  # a convolution's output [B, C, h, w]
+            return self.weights.at(*y.shape[-2:], y.device, y.dtype)[s]
+        if y.ndim == 3 and text and y.shape[1] % self.segments.total == 0:
+            start, stop = self.segments.ranges[s]
+            mask = torch.zeros(self.segments.total, device=y.device, dtype=y.dtype)
+            mask[start:stop] = 1.0
+            return mask.repeat(y.shape[1] // self.segments.total).unsqueeze(-1)
+        grid = _grid(y.shape[1], height, width) if y.ndim == 3 else None
+        if grid is not None:
+            return self.weights.at(*grid, y.device, y.dtype)[s].reshape(-1, 1)
+        return self.weights.weights[s].mean().to(y.device, y.dtype)  # no tokens: the region's share
+
+
+def _context(cond: list, what: str) -> tuple[torch.Tensor, dict]:
+    if not cond:
+        raise CoupleError(f"{what} is an empty CONDITIONING: connect a text encoder's output.")
+    tokens, extra = cond[0]
+    if tokens.ndim != 3 or tokens.shape[0] != 1:
+        raise CoupleError(f"{what} has a batch of {tokens.shape[0]} prompts; the couple takes one "
+                          f"prompt each.")
+    return tokens, extra
+
+
+def _pooled(extras: Sequence[dict], areas: Sequence[float]) -> torch.Tensor | None:
+    pooled = [e.get("pooled_output") for e in extras]
+    if any(p is None for p in pooled):
+        return None
+    return sum((p * a for p, a in zip(pooled, areas, strict=True)), torch.zeros_like(pooled[0]))
+
+
+def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRegion],
+                     feather_px: int = 0) -> tuple[ModelPatcher, list]:
+    """(MODEL, positive CONDITIONING) of an attention couple: ``base`` where no region is, each region's
+    prompt inside its mask, its hooks (LoRA) weighted by its mask. ``model`` is cloned, never changed."""
+    weights = CoupleWeights(couple_weights([r.mask for r in regions], feather_px))
+    parts = [_context(base, "the base prompt"), *(_context(r.cond, f"region {i}'s prompt")
+                                                  for i, r in enumerate(regions, 1))]
+    if len({t.shape[-1] for t, _ in parts}) > 1:
+        raise CoupleError("the prompts come from different text encoders (token widths "
+                          f"{[t.shape[-1] for t, _ in parts]}): encode them all with the model's CLIP.")
+    stops = torch.tensor([t.shape[1] for t, _ in parts]).cumsum(0).tolist()
+    segments = _Segments(tuple(zip([0, *stops[:-1]], stops, strict=True)), stops[-1])
+    extra = dict(parts[0][1])
+    areas = [float(w.mean()) for w in weights.weights]
+    pooled = _pooled([e for _, e in parts], areas)
+    if pooled is not None:
+        extra["pooled_output"] = pooled
+    hooks = [r.hooks for r in regions if r.hooks is not None and r.hooks.hooks]
+    extra.pop("hooks", None)
+    if hooks:
+        extra["hooks"] = combine(*hooks)
+    cond = [[torch.cat([t for t, _ in parts], dim=1), extra]]
+    refs = {h.hook_ref: i for i, r in enumerate(regions, 1) if r.hooks is not None for h in r.hooks.hooks}
+    return _patched(model, weights, segments, refs), cond
+
+
+def _patched(model: ModelPatcher, weights: CoupleWeights, segments: _Segments, refs: dict) -> ModelPatcher:
+    clone = enable_hook_engine(model)
+    patch = CoupleAttention(weights, segments)
+    unet = clone.get_model_object("diffusion_model")
+    if not hasattr(unet, "input_blocks"):
+        raise CoupleError(f"attention couple runs on UNet models (SD1.5, SDXL) so far; this model's "
+                          f"{type(unet).__name__} is not one: use Regional LoRA for it.")
+    for name in _BLOCKS:
+        count = 1 if name == "middle" else len(getattr(unet, f"{name}_blocks", ()))
+        for number in range(count):
+            clone.set_model_attn2_replace(patch, name, number)
+    text = weakref.WeakSet(m for n, m in unet.named_modules() if n.endswith(_TEXT_MODULES))
+    options = clone.model_options.setdefault("transformer_options", {})
+    options[TOKEN_WEIGHTS_KEY] = CoupleTokenWeights(weights, segments, refs, text)
+    return clone
