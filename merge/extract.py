@@ -1,7 +1,8 @@
 """LoRA extraction: a delta recipe (``subtract(tuned, base)``, or any recipe in delta space) to a kohya LoRA.
 
-Each 2-D weight (linear) and 4-D weight (convolution, flattened to ``out x in*kh*kw``) of the UNet
-and of the text encoder's attention/MLP linears is decomposed by SVD and truncated to ``rank``
+Each 2-D weight (linear) and 3-D to 5-D weight (a 1-D, 2-D or 3-D convolution, flattened to
+``out x in*k...``: Wan's and HunyuanVideo's Conv3d patch embeddings too) of the diffusion model and of
+the text encoder's attention/MLP linears is decomposed by SVD and truncated to ``rank``
 (``conv_rank`` for kernels larger than 1x1) or to the smallest rank that keeps ``energy`` of the
 squared singular values. The singular values are split evenly between ``lora_up`` and
 ``lora_down`` (balanced fp16 ranges) and ``alpha`` equals the rank, so ComfyUI's LoraLoader adds
@@ -163,7 +164,7 @@ def _modules(graph: Any, sources: list, options: ExtractOptions,
             report.dropped.append(key)
             continue
         delta = _delta(evaluator, graph, sources, key, report.arch, options.device)
-        if delta is None or delta.dim() not in (2, 4) or not torch.any(delta):
+        if delta is None or delta.dim() < 2 or not torch.any(delta):
             continue
         parts, rank, error = _module(delta, options)
         tensors |= {f"{name}.{part}": value.to(dtype).cpu() for part, value in parts.items()}
@@ -203,7 +204,7 @@ def _delta(evaluator: Evaluator, graph: object, sources: list, key: str, arch: s
 def _rank_for(delta: torch.Tensor, options: ExtractOptions) -> int | None:
     if options.energy is not None:
         return None
-    if delta.dim() == 4 and delta.shape[2] * delta.shape[3] > 1 and options.conv_rank is not None:
+    if delta.dim() > 2 and delta[0, 0].numel() > 1 and options.conv_rank is not None:
         return options.conv_rank
     return options.rank
 
@@ -213,7 +214,8 @@ def decompose(delta: torch.Tensor, rank: int | None, energy: float | None
     """``(lora_up, lora_down, rank, relative error)`` of the best rank-r approximation of ``delta``.
 
     ``rank`` None: the smallest rank whose singular values keep ``energy`` of the squared total.
-    Convolutions come back as ``up (out, r, 1, 1)`` and ``down (r, in, kh, kw)`` (kohya LoCon).
+    Convolutions come back as ``up (out, r, 1, 1)`` and ``down (r, in, kh, kw)`` (kohya LoCon; a
+    Conv3d's as ``(out, r, 1, 1, 1)`` and ``(r, in, kt, kh, kw)``).
     """
     matrix = delta.reshape(delta.shape[0], -1).float()
     if matrix.shape[0] < matrix.shape[1]:  # LAPACK's SVD of a wide matrix takes ~3x its transpose's
@@ -226,7 +228,7 @@ def decompose(delta: torch.Tensor, rank: int | None, energy: float | None
 
 def truncate(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, rank: int | None, energy: float | None,
              shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, int, float]:
-    """``decompose`` from an SVD ``u @ diag(s) @ vh`` of a delta of ``shape`` (2-D, or 4-D for a
+    """``decompose`` from an SVD ``u @ diag(s) @ vh`` of a delta of ``shape`` (2-D, or 3-D to 5-D for a
     convolution): the singular values split evenly between up and down, the relative Frobenius error
     ``sqrt(tail energy / total)``."""
     power = s.square()
@@ -238,7 +240,7 @@ def truncate(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, rank: int | Non
     root = s[:rank].sqrt()
     up, down = u[:, :rank] * root, root[:, None] * vh[:rank]
     error = math.sqrt(max(0.0, float(power[rank:].sum() / total))) if total > 0 else 0.0
-    if len(shape) == 4:
-        up = up[:, :, None, None]
+    if len(shape) > 2:
+        up = up.reshape(*up.shape, *(1,) * (len(shape) - 2))
         down = down.reshape(rank, *shape[1:])
     return up.contiguous(), down.contiguous(), rank, error

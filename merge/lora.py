@@ -8,7 +8,10 @@ and reshaped to the weight's shape. Keys the LoRA does not touch contribute a ze
 
 Module names: kohya writes ``lora_unet_`` + the diffusers module path for the UNet (LDM paths are
 accepted too) and ``lora_te_`` / ``lora_te1_`` + the Hugging Face CLIP path for the text encoder;
-merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNet layout.
+merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNet layout. PEFT
+``lora_A``/``lora_B`` pairs are read in ComfyUI's own module names, ``diffusion_model.<module path>``
+(ai-toolkit's Wan and Flux.2 LoRAs, LTX-Video-Trainer's converted ones); diffusers names
+(``transformer.transformer_blocks.0.attn.to_q``, slices of fused weights) are not.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from .lora_keys import kohya_names
 
 SUPPORTED = {"lora_up.weight", "lora_down.weight", "alpha", "hada_w1_a", "hada_w1_b", "hada_w2_a",
              "hada_w2_b", "lokr_w1", "lokr_w1_a", "lokr_w1_b", "lokr_w2", "lokr_w2_a", "lokr_w2_b", "diff"}
+_PEFT = {".lora_A.weight": "lora_down.weight", ".lora_B.weight": "lora_up.weight", ".alpha": "alpha"}
+_COMFY_PREFIX = "diffusion_model."  # PEFT module names as ComfyUI's LoRA key map reads them
 
 
 class LoraSource:
@@ -41,10 +46,10 @@ class LoraSource:
         self.file, self.arch, self.name = file, base.arch, file.path.name
         modules: dict[str, dict[str, str]] = {}
         for key in file.tensors:
-            module, _, part = key.partition(".")
+            module, part = _module_part(key)
             modules.setdefault(module, {})[part] = key
         base_keys, base_shape = _base_view(base)
-        names = kohya_names(base_keys, base.arch)
+        names = kohya_names(base_keys, base.arch) | _comfy_names(base_keys)
         self.targets: dict[str, dict[str, str]] = {}
         self.unmapped: list[str] = []
         for module, parts in modules.items():
@@ -52,9 +57,9 @@ class LoraSource:
                 shown = ", ".join(sorted(unknown)[:4]) + (", ..." if len(unknown) > 4 else "")
                 raise mio.ModelFileError(
                     file.path, f"module {module} has tensors this reader does not know ({shown})",
-                    "Supported: kohya LoRA/LoCon and LyCORIS LoHa/LoKr with kohya names (no PEFT "
-                    "lora_A/lora_B, DoRA, Tucker or GLoRA); convert the LoRA, or apply it with ComfyUI's "
-                    "LoraLoader and save the checkpoint.")
+                    "Supported: kohya LoRA/LoCon and LyCORIS LoHa/LoKr with kohya names, PEFT "
+                    "lora_A/lora_B with diffusion_model.<module> names (no DoRA, Tucker or GLoRA); convert "
+                    "the LoRA, or apply it with ComfyUI's LoraLoader and save the checkpoint.")
             if module in names:
                 self.targets[names[module]] = parts
             else:
@@ -63,7 +68,10 @@ class LoraSource:
             base_name = base.path.name if isinstance(base, mio.SafetensorsFile) else base.name
             problem = (f"matches no key of {base_name} ({base.arch}): none of its {len(modules)} modules "
                        f"(e.g. {self.unmapped[0]}) names a layer of it")
-            raise mio.ModelFileError(file.path, problem, "Use a LoRA made for this base model.")
+            peft = file.arch == "lora-peft"
+            raise mio.ModelFileError(file.path, problem, "Use a LoRA made for this base model." + (
+                " PEFT lora_A/lora_B modules are read in ComfyUI's names (diffusion_model.<module>), not in "
+                "diffusers' (transformer.<module>): apply this one with LoraLoader" if peft else ""))
         self._shapes = {k: base_shape(k) for k in self.targets}
         self.fingerprint = ("lora", fingerprint or file_fingerprint(file.path),
                             getattr(base, "fingerprint", None))
@@ -96,6 +104,23 @@ class LoraSource:
 
     def close(self) -> None:
         self.file.close()
+
+
+def _module_part(key: str) -> tuple[str, str]:
+    """(module, part) of a LoRA tensor's name: kohya's module names hold no dot, PEFT's do."""
+    if key.startswith(_COMFY_PREFIX):
+        for suffix, part in _PEFT.items():
+            if key.endswith(suffix):
+                return key[: -len(suffix)], part
+    module, _, part = key.partition(".")
+    return module, part
+
+
+def _comfy_names(canonical_keys: list[str]) -> dict[str, str]:
+    """``diffusion_model.<module>`` -> canonical ``.weight`` key, for PEFT LoRAs in ComfyUI's names."""
+    unet = mio.UNET_PREFIX
+    return {_COMFY_PREFIX + k[len(unet):].removesuffix(".weight"): k for k in canonical_keys
+            if k.startswith(unet) and k.endswith(".weight")}
 
 
 def module_delta(t: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -64,7 +64,8 @@ class PatchbayMergeLora(_FileInput):
     DISPLAY_NAME = "Merge Input: LoRA as Delta (Patchbay)"
     DESCRIPTION = ("A LoRA of the loras folder as a delta (what LoraLoader adds at strength 1), e.g. for "
                    "add_difference(model, lora) or TIES over LoRAs; mapped onto the recipe's first model.")
-    FOLDER, WIDGET, SPACE, TIP = "loras", "lora_name", "delta", "A kohya LoRA/LoCon or LyCORIS LoHa/LoKr."
+    FOLDER, WIDGET, SPACE = "loras", "lora_name", "delta"
+    TIP = "A kohya LoRA/LoCon, LyCORIS LoHa/LoKr, or PEFT lora_A/lora_B in diffusion_model. names."
 
 
 class PatchbayMergeModelInput(_Input):
