@@ -322,28 +322,23 @@ def lycoris(family: Family, patcher: ModelPatcher, algo: str) -> Tensors:
     return out
 
 
-def fp8_mixed(family: Family) -> tuple[Tensors, dict[str, str]]:
-    """``family``'s tiny model in ComfyUI's fp8 mixed-precision layout (devtools/tiny_quant.py's, by
-    ComfyUI's own fp8 layout): every linear weight of the blocks float8_e4m3fn with its per-tensor
-    ``weight_scale``, the rest as ``state_dict`` gives it; (tensors, the ``metadata`` argument of
+def quantized(family: Family, fmt: str = "fp8mixed") -> tuple[Tensors, dict[str, str]]:
+    """``family``'s tiny model with every linear weight of the blocks in one of ComfyUI's quantized
+    formats, by devtools/tiny_quant.py's layouts and ComfyUI's own quantizers: "fp8mixed" (float8_e4m3fn,
+    per-tensor ``weight_scale``, the ``_quantization_metadata`` header), "fp8scaled" (the older
+    ``scaled_fp8`` layout, ``scale_weight`` per layer, every linear of the model) or "nvfp4" (ComfyUI 0.33:
+    per-layer ``comfy_quant``); the rest as ``state_dict`` gives it. (tensors, the ``metadata`` argument of
     ``comfy.sd.load_diffusion_model_state_dict``, as a file's header would give it)."""
-    import json
-
     import comfy.supported_models
     import tiny_quant
 
-    tensors = state_dict(family)
     config = getattr(comfy.supported_models, family.supported)(_config(family))
     with torch.device("meta"):
         model = config.get_model({}, device="meta")
-    layers: dict[str, dict[str, str]] = {}
-    for name, module in model.diffusion_model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.startswith(_BLOCKS):
-            tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"] = tiny_quant.quantize_fp8(
-                tensors[f"{name}.weight"].to(torch.float32))
-            layers[name] = {"format": "float8_e4m3fn"}
-    quant = json.dumps({"format_version": "1.0", "layers": layers}, sort_keys=True)
-    return tensors, {"_quantization_metadata": quant}
+    # scaled fp8: every linear (0.3.75's scaled_fp8_ops cast any linear without a scale to fp8 on load)
+    layers = {name for name, module in model.diffusion_model.named_modules()
+              if isinstance(module, torch.nn.Linear) and (fmt == "fp8scaled" or name.startswith(_BLOCKS))}
+    return tiny_quant.quantize_layers(state_dict(family), fmt, layers)
 
 
 # ComfyUI-GGUF's tools on SD3 (convert.py's ModelSD3, lcpp.patch's quantization rules): the embedders,

@@ -78,42 +78,49 @@ def quantized_unet(source: dict[str, torch.Tensor], fmt: str) -> tuple[dict, dic
     quantized by ``QuantizedTensor.from_float(..., "TensorCoreNVFP4Layout")``, comfy-kitchen's eager
     kernels on the CPU).
     """
+    unet = {key.removeprefix(PREFIX): value for key, value in source.items() if key.startswith(PREFIX)}
+    layers = {key.removesuffix(".weight") for key, value in unet.items()
+              if quantized_layer(key, value) and not (fmt == "nvfp4" and key.endswith(NVFP4_KEEP))}
+    return quantize_layers(unet, fmt, layers)
+
+
+def quantize_layers(tensors: dict[str, torch.Tensor], fmt: str,
+                    layers: set[str]) -> tuple[dict, dict[str, str]]:
+    """A diffusion model's state dict ``tensors`` with the weights of ``layers`` (module names) in ``fmt``:
+    (tensors, metadata entries, as a file's header gives them to ``load_diffusion_model_state_dict``)."""
     import comfy.quant_ops
 
     if fmt not in (*FORMATS, "nvfp4"):
         raise ValueError(f"unknown quantized format {fmt!r}: use one of {(*FORMATS, 'nvfp4')}")
     if fmt == "nvfp4" and "nvfp4" not in comfy.quant_ops.QUANT_ALGOS:
         raise ValueError("this ComfyUI has no nvfp4 format (comfy.quant_ops.QUANT_ALGOS): ComfyUI 0.33 has")
-    tensors: dict[str, torch.Tensor] = {}
-    layers: dict[str, dict] = {}
-    for key, value in sorted(source.items()):
-        if not key.startswith(PREFIX):
-            continue
-        key = key.removeprefix(PREFIX)
-        if not quantized_layer(key, value) or (fmt == "nvfp4" and key.endswith(NVFP4_KEEP)):
-            tensors[key] = value
-            continue
+    out: dict[str, torch.Tensor] = {}
+    listed: dict[str, dict] = {}
+    for key, value in sorted(tensors.items()):
         layer = key.removesuffix(".weight")
+        if not key.endswith(".weight") or layer not in layers:
+            out[key] = value
+            continue
         if fmt == "nvfp4":
             weight = comfy.quant_ops.QuantizedTensor.from_float(value.to(torch.float32),
                                                                 "TensorCoreNVFP4Layout")
-            tensors.update(weight.state_dict(key))  # weight, weight_scale (blocks), weight_scale_2
+            out.update(weight.state_dict(key))  # weight, weight_scale (blocks), weight_scale_2
             conf = json.dumps({"format": "nvfp4"}).encode()
-            tensors[f"{layer}.comfy_quant"] = torch.tensor(list(conf), dtype=torch.uint8)
+            out[f"{layer}.comfy_quant"] = torch.tensor(list(conf), dtype=torch.uint8)
             continue
-        tensors[key], scale = quantize_fp8(value.to(torch.float32))
+        out[key], scale = quantize_fp8(value.to(torch.float32))
         if fmt == "fp8mixed":
-            tensors[f"{layer}.weight_scale"] = scale
-            layers[layer] = {"format": "float8_e4m3fn"}
+            out[f"{layer}.weight_scale"] = scale
+            listed[layer] = {"format": "float8_e4m3fn"}
         else:
-            tensors[f"{layer}.scale_weight"] = scale
+            out[f"{layer}.scale_weight"] = scale
     metadata = {}
     if fmt == "fp8mixed":
-        metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": layers},
+        metadata["_quantization_metadata"] = json.dumps({"format_version": "1.0", "layers": listed},
                                                         sort_keys=True)
     elif fmt == "fp8scaled":
-        tensors["scaled_fp8"] = torch.zeros(2, dtype=FP8)  # two values: no fp8 input scaling
-    return tensors, metadata
+        out["scaled_fp8"] = torch.zeros(2, dtype=FP8)  # two values: no fp8 input scaling
+    return out, metadata
 
 
 class QuantModels:

@@ -1,4 +1,4 @@
-"""T1: Hook Block Weights, LyCORIS, fp8 mixed precision and GGUF on the 2026 families (issue 31 items 3, 4).
+"""T1: Hook Block Weights, LyCORIS, fp8 / nvfp4 and GGUF on the 2026 families (issue 31 items 3, 4).
 
 The tiny models and LoRAs of devtools/tiny_dits.py (ComfyUI's own classes and loader), sampled 2 steps with
 devtools/arch_sampling.py; LoraLoader (``comfy.sd.load_lora_for_models``, the node's body) is the reference.
@@ -12,18 +12,20 @@ The engine must plan every hook (``plans_built``) and leave the weights as they 
   block and halve the single one; SD3.5 has two joint blocks. A LoHa on Wan 2.1 takes block weights too.
 - LyCORIS LoHa and LoKr in kohya names (``lora_unet_blocks_0_self_attn_q.hada_w1_a``) on Wan 2.1: Fast Hooks
   equals LoraLoader within 1e-4 of the effect, every module mapped by ComfyUI and claimed by the engine.
-- fp8 mixed precision (``tiny_dits.fp8_mixed``: devtools/tiny_quant.py's layout and ComfyUI's own fp8
-  quantizer on every linear of the blocks, loaded by ``load_diffusion_model_state_dict`` with the
-  ``_quantization_metadata`` a file's header gives) on Wan 2.1 and SD3.5. Fast Hooks equals LoraLoader on a
-  float32 copy of the dequantized weights within 1e-3 of the effect (float rounding; measured 4.9e-6 and
-  7e-6), and LoraLoader on the quantized model itself within 3x the quantization noise (|latent of the fp8
-  model - latent of the 16-bit one| without a LoRA: 0.19x the LoRA's effect on Wan 2.1, 0.28x on SD3.5).
-  LoraLoader rounds W + LoRA back into fp8 stochastically (test_t1_hook_engine_quantized.py), so it
-  differs by more than the file's own noise: measured 1.2-1.4x that noise on ComfyUI 0.33, 1.2-1.6x on
-  0.3.75. Every quantized weight keeps its class, dtype, storage and bytes. Core's hook path fails at the
-  first step and leaves the model unchanged, as the README says for the SD1.5 files: 0.33
-  ``AttributeError`` (no ``weight_scale`` attribute, in ``get_key_weight``), 0.3.75 ``AssertionError`` in
-  the layer's ``set_weight``.
+- ComfyUI's quantized formats (``tiny_dits.quantized``: devtools/tiny_quant.py's layouts and ComfyUI's own
+  quantizers, loaded by ``load_diffusion_model_state_dict`` with the metadata a file's header gives): fp8
+  mixed precision (every linear of the blocks) on Wan 2.1 and SD3.5; on Wan 2.1 also the older scaled fp8
+  (every linear: 0.3.75's ``scaled_fp8_ops`` cast any linear without a scale to fp8) and, on ComfyUI 0.33,
+  nvfp4 (comfy-kitchen's eager CPU kernels). Fast Hooks equals LoraLoader on a float32 copy of the
+  dequantized weights within 1e-3 of the effect (float rounding), and LoraLoader on the quantized model
+  itself within 3x the quantization noise (|latent of the quantized model - latent of the 16-bit one|
+  without a LoRA: fp8 mixed 0.19x the LoRA's effect on Wan 2.1, 0.28x on SD3.5; scaled fp8 0.41x; nvfp4
+  0.82x). LoraLoader rounds W + LoRA back into the format stochastically (test_t1_hook_engine_quantized.py),
+  so it differs by more than the file's own noise: measured 0.66-1.6x that noise. Every quantized weight
+  keeps its class, dtype, storage and bytes. Core's hook path fails at the first step and leaves the model
+  unchanged, as the README says for the SD1.5 files: 0.33 ``AttributeError`` (no ``weight_scale``
+  attribute, in ``get_key_weight``), 0.3.75 ``AssertionError`` in the layer's ``set_weight``; on 0.3.75's
+  scaled fp8 layers it runs and equals LoraLoader.
 - GGUF: the tiny SD3.5 in Q8_0 (``tiny_dits.write_sd35_gguf``: devtools/tiny_gguf.py's writer with
   ComfyUI-GGUF's SD3 rules) through ComfyUI-GGUF's own UnetLoaderGGUF. ComfyUI-GGUF's LoraLoader adds the
   LoRA where a layer dequantizes its weight, so Fast Hooks equals it within 1e-3 of the effect (measured
@@ -37,7 +39,6 @@ Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): n
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sys
 
@@ -199,12 +200,15 @@ def test_lycoris_on_wan21_equals_loraloader(dits, engine, weights_digest, algo):
     assert weights_digest(model) == before and not model.patches and not model.hook_patches
 
 
-# --- fp8 mixed precision -----------------------------------------------------------------------------
-QUANT_FAMILIES = ("wan21", "sd35")
+# --- ComfyUI's quantized formats ----------------------------------------------------------------------
+# (family, format): fp8 mixed precision on both families; the older scaled fp8 and nvfp4 (0.33) on Wan
+QUANT_CASES = (("wan21", "fp8mixed"), ("sd35", "fp8mixed"), ("wan21", "fp8scaled"),
+               *((("wan21", "nvfp4"),) if NEWER else ()))
 
 
 class Quantized:
-    """Per family: the fp8 model, its float32 dequantized copy and latents without a LoRA, made once."""
+    """Per (family, format): the quantized model, its float32 dequantized copy and latents without a
+    LoRA, made once."""
 
     def __init__(self, dits: Models) -> None:
         self.dits = dits
@@ -215,29 +219,31 @@ class Quantized:
             self._cache[key] = make()
         return self._cache[key]
 
-    def model(self, name: str):
+    def model(self, name: str, fmt: str):
         import comfy.sd
 
         def make():
-            tensors, metadata = tiny_dits.fp8_mixed(tiny_dits.FAMILIES[name])
-            self._cache["layers", name] = set(json.loads(metadata["_quantization_metadata"])["layers"])
+            tensors, metadata = tiny_dits.quantized(tiny_dits.FAMILIES[name], fmt)
+            scales = (".weight_scale", ".scale_weight")
+            layers = {key.rsplit(".", 1)[0] for key in tensors if key.endswith(scales)}
+            self._cache["layers", name, fmt] = layers
             with torch.inference_mode():  # as the executor runs UNETLoader (0.33 cannot mix the modes)
                 return comfy.sd.load_diffusion_model_state_dict(tensors, metadata=metadata)
-        return self._get(("fp8", name), make)
+        return self._get(("quantized", name, fmt), make)
 
-    def layers(self, name: str) -> set[str]:
-        """The layers the fp8 file lists as quantized."""
-        self.model(name)
-        return self._cache["layers", name]
+    def layers(self, name: str, fmt: str) -> set[str]:
+        """The layers the file quantizes (those with a weight scale)."""
+        self.model(name, fmt)
+        return self._cache["layers", name, fmt]
 
-    def copy(self, name: str):
-        """Core's layers, float32 weights: the values the fp8 model's layers compute with."""
+    def copy(self, name: str, fmt: str):
+        """Core's layers, float32 weights: the values the quantized model's layers compute with."""
         import comfy.sd
 
         def make():
             state = {}
             with torch.inference_mode():
-                for module_name, module in self.model(name).model.diffusion_model.named_modules():
+                for module_name, module in self.model(name, fmt).model.diffusion_model.named_modules():
                     prefix = f"{module_name}." if module_name else ""
                     for param_name, param in module.named_parameters(recurse=False):
                         convert = getattr(module, f"convert_{param_name}", None)
@@ -246,13 +252,13 @@ class Quantized:
                     for buffer_name, buffer in module.named_buffers(recurse=False):  # SD3's pos_embed
                         state[prefix + buffer_name] = buffer.to(torch.float32).clone()
                 return comfy.sd.load_diffusion_model_state_dict(state)
-        return self._get(("copy", name), make)
+        return self._get(("copy", name, fmt), make)
 
-    def plain(self, name: str, which: str) -> torch.Tensor:
-        """The latent without a LoRA of the "fp8" model, its "copy" or the 16-bit "float" one."""
-        models = {"fp8": self.model, "copy": self.copy, "float": lambda n: self.dits.get(n)[1]}
+    def plain(self, name: str, fmt: str, which: str) -> torch.Tensor:
+        """The latent without a LoRA of the "quantized" model, its "copy" or the 16-bit "float" one."""
+        models = {"quantized": self.model, "copy": self.copy, "float": lambda n, _f: self.dits.get(n)[1]}
         family = tiny_dits.FAMILIES[name]
-        return self._get(("plain", which, name), lambda: sample(family, models[which](name)))
+        return self._get(("plain", which, name, fmt), lambda: sample(family, models[which](name, fmt)))
 
 
 @pytest.fixture(scope="module")
@@ -265,25 +271,31 @@ def digest(tensor: torch.Tensor) -> str:
 
 
 def stored_weights(model) -> dict:
-    """{layer: (class, dtype, address and sha256 of the stored data)} of every quantized weight."""
+    """{layer: (class, dtype, address and sha256 of the stored data)} of every quantized weight: a
+    ``QuantizedTensor``, or a plain float8 weight (0.3.75's scaled fp8 layers)."""
     import comfy.quant_ops
 
     out = {}
     for name, module in model.model.diffusion_model.named_modules():
         weight = getattr(module, "weight", None)
-        if isinstance(weight, comfy.quant_ops.QuantizedTensor):
-            out[name] = (type(weight), weight.dtype, weight._qdata.data_ptr(), digest(weight._qdata))
+        if isinstance(weight, comfy.quant_ops.QuantizedTensor) or getattr(weight, "dtype", None) == FP8:
+            data = getattr(weight, "_qdata", weight)
+            out[name] = (type(weight), weight.dtype, data.data_ptr(), digest(data))
     return out
 
 
-@pytest.mark.parametrize("name", QUANT_FAMILIES)
-def test_fast_hooks_on_fp8_mixed_equal_loraloader_and_weights_stay_fp8(dits, quant, engine, caplog, name):
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize(("name", "fmt"), QUANT_CASES)
+def test_fast_hooks_on_quantized_dits_equal_loraloader_and_weights_stay_quantized(
+        dits, quant, engine, caplog, name, fmt):
     import comfy.model_management
 
     family, floating = dits.get(name)
-    model = quant.model(name)
+    model = quant.model(name, fmt)
     before = stored_weights(model)
-    assert set(before) == quant.layers(name) and len(before) >= 10, f"{name}: {sorted(before)} loaded as fp8"
+    assert set(before) == quant.layers(name, fmt) and len(before) >= 10, f"{name}: {sorted(before)} as {fmt}"
     with torch.inference_mode():
         comfy.model_management.unload_all_models()  # takes off what an earlier LoraLoader run patched in
     lora = tiny_dits.lora(family, floating)
@@ -292,31 +304,43 @@ def test_fast_hooks_on_fp8_mixed_equal_loraloader_and_weights_stay_fp8(dits, qua
     assert "weight-swapping path" not in caplog.text, caplog.text
     assert stored_weights(model) == before, f"{name}: the engine's run changed a quantized weight"
 
-    exact = sample(family, arch_sampling.load_lora(quant.copy(name), lora, STRENGTH))
-    effect = effect_of(exact, quant.plain(name, "copy"), f"{name} fp8")
-    assert_within((actual - exact).abs().max().item(), EXACT_REL, effect, f"{name} fp8 vs the float32 copy")
+    exact = sample(family, arch_sampling.load_lora(quant.copy(name, fmt), lora, STRENGTH))
+    effect = effect_of(exact, quant.plain(name, fmt, "copy"), f"{name} {fmt}")
+    what = f"{name} {fmt}"
+    assert_within((actual - exact).abs().max().item(), EXACT_REL, effect, f"{what} vs the float32 copy")
     loraloader = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))
-    noise = (quant.plain(name, "fp8") - quant.plain(name, "float")).abs().max().item()
-    print(f"{name} fp8: noise {noise / effect:.2g} x effect")
+    noise = (quant.plain(name, fmt, "quantized") - quant.plain(name, fmt, "float")).abs().max().item()
     diff = (actual - loraloader).abs().max().item()
-    assert_within(diff, NOISE_BOUND, noise, f"{name} fp8 vs LoraLoader on it", "quantization noise")
+    print(f"{what}: noise {noise / effect:.2g} x effect, vs LoraLoader {diff / noise:.2g} x noise")
+    assert_within(diff, NOISE_BOUND, noise, f"{what} vs LoraLoader on it", "quantization noise")
     assert not model.patches and not model.hook_patches
 
 
 # (the exception, its message, a function of ComfyUI's it is raised from)
 CORE_FAILS = ((AttributeError, "'Linear' object has no attribute 'weight_scale'", "get_key_weight") if NEWER
               else (AssertionError, None, "set_weight"))
+# 0.3.75 runs core's hooks on its scaled fp8 layers (plain float8 weights it rewrites in place)
+CORE_RUNS = () if NEWER else (("wan21", "fp8scaled"),)
 
 
-@pytest.mark.parametrize("name", QUANT_FAMILIES)
-def test_core_hooks_fail_on_fp8_mixed_dits(dits, quant, name):
+@pytest.mark.parametrize(("name", "fmt"), QUANT_CASES)
+def test_core_hooks_on_quantized_dits(dits, quant, name, fmt):
+    """As the README says for the SD1.5 files: core's hook path fails at the first step and leaves the
+    model as it was, except on 0.3.75's scaled fp8 layers, where it equals LoraLoader."""
     family, floating = dits.get(name)
-    model = quant.model(name)
+    model = quant.model(name, fmt)
+    lora = tiny_dits.lora(family, floating)
+    if (name, fmt) in CORE_RUNS:
+        core = sample(family, model, arch_sampling.hook_lora(lora, STRENGTH))
+        loraloader = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))
+        assert torch.equal(core, loraloader), (core - loraloader).abs().max().item()
+        return
     error, message, where = CORE_FAILS
     with pytest.raises(error, match=message) as info:
-        sample(family, model, arch_sampling.hook_lora(tiny_dits.lora(family, floating), STRENGTH))
+        sample(family, model, arch_sampling.hook_lora(lora, STRENGTH))
     assert where in {entry.name for entry in info.traceback}, info.traceback
-    assert torch.equal(sample(family, model), quant.plain(name, "fp8")), "the failed run changed the model"
+    after = sample(family, model)
+    assert torch.equal(after, quant.plain(name, fmt, "quantized")), "the failed run changed the model"
 
 
 # --- GGUF --------------------------------------------------------------------------------------------
