@@ -341,17 +341,24 @@ def quantized(family: Family, fmt: str = "fp8mixed") -> tuple[Tensors, dict[str,
     return tiny_quant.quantize_layers(state_dict(family), fmt, layers)
 
 
-# ComfyUI-GGUF's tools on SD3 (convert.py's ModelSD3, lcpp.patch's quantization rules): the embedders,
-# final layer and pos_embed stay F16, every other weight of 2+ dimensions is quantized
-SD3_GGUF_KEEP = ("final_layer.", "time_text_embed.", "context_embedder.", "t_embedder.", "y_embedder.",
-                 "x_embedder.")
+# ComfyUI-GGUF's tools (convert.py's model classes, lcpp.patch's quantization rules) per family: the names
+# that stay F16 (embedders, final layers) and those kept F32 (Wan: the modulation parameters, convert.py's
+# keys_hiprec, and the 5-D patch embedding that fix_5d_tensors.py adds back as F32); every other weight of
+# 2+ dimensions is quantized
+GGUF_LAYOUTS = {
+    "sd35": ("sd3", ("final_layer.", "time_text_embed.", "context_embedder.", "t_embedder.", "y_embedder.",
+                     "x_embedder."), ("proj_out.weight", "pos_embed"), ()),
+    "wan21": ("wan", ("patch_embedding.", "text_embedding.", "time_projection.", "time_embedding.",
+                      "img_emb.", "head."), (), ("modulation", "patch_embedding.weight")),
+}
 
 
-def write_sd35_gguf(path: str, qtype: str = "Q8_0") -> None:
-    """The tiny SD3.5 as a GGUF file (devtools/tiny_gguf.py's writer, the layout ComfyUI-GGUF's tools give
-    SD3: ``general.architecture`` sd3) at ``path``, for ComfyUI-GGUF's UnetLoaderGGUF. A file, not a
-    state dict: ComfyUI-GGUF reads its tensors only from a file."""
+def write_gguf(name: str, path: str, qtype: str = "Q8_0") -> None:
+    """The tiny ``name`` model (a key of GGUF_LAYOUTS) as a GGUF file laid out as ComfyUI-GGUF's tools lay
+    out that family (devtools/tiny_gguf.py's writer) at ``path``, for ComfyUI-GGUF's UnetLoaderGGUF. A file,
+    not a state dict: ComfyUI-GGUF reads its tensors only from a file."""
     import tiny_gguf
 
-    layout = tiny_gguf.GgufLayout("sd3", "", "", False, SD3_GGUF_KEEP, ("proj_out.weight", "pos_embed"))
-    tiny_gguf.write_gguf(path, dict(sorted(state_dict(FAMILIES["sd35"]).items())), layout, qtype)
+    arch, keep, keep_exact, f32 = GGUF_LAYOUTS[name]
+    layout = tiny_gguf.GgufLayout(arch, "", "", False, keep, keep_exact, f32)
+    tiny_gguf.write_gguf(path, dict(sorted(state_dict(FAMILIES[name]).items())), layout, qtype)

@@ -54,6 +54,7 @@ class GgufLayout:
     shape_fix: bool  # convert.py reshapes SD1/SDXL tensors to rows of 256
     keep: tuple[str, ...]  # lcpp.patch: names containing one of these stay unquantized
     keep_exact: tuple[str, ...] = ()
+    f32: tuple[str, ...] = ()  # names kept F32 (convert.py's keys_hiprec; fix_5d_tensors.py's 5-D tensors)
 
     def quantizable(self, key: str, shape: tuple[int, ...]) -> bool:
         """llama-quantize's choice before the block-size check: 2+ dims, a weight, not a kept layer."""
@@ -199,6 +200,8 @@ def _tensor(layout: GgufLayout, key: str, data: np.ndarray, qtype: str, writer) 
             and data.shape[-1] % SHAPE_FIX_ROW != 0):
         writer.add_array(f"comfy.gguf.orig_shape.{key}", [int(n) for n in data.shape])
         data = data.reshape(count // SHAPE_FIX_ROW, SHAPE_FIX_ROW)
+    if any(part in key for part in layout.f32):
+        return data.astype(np.float32), "F32"
     block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]][0]
     if layout.quantizable(key, data.shape) and data.shape[-1] % block == 0:
         return quantize(data, qtype), qtype

@@ -26,12 +26,13 @@ The engine must plan every hook (``plans_built``) and leave the weights as they 
   unchanged, as the README says for the SD1.5 files: 0.33 ``AttributeError`` (no ``weight_scale``
   attribute, in ``get_key_weight``), 0.3.75 ``AssertionError`` in the layer's ``set_weight``; on 0.3.75's
   scaled fp8 layers it runs and equals LoraLoader.
-- GGUF: the tiny SD3.5 in Q8_0 (``tiny_dits.write_sd35_gguf``: devtools/tiny_gguf.py's writer with
-  ComfyUI-GGUF's SD3 rules) through ComfyUI-GGUF's own UnetLoaderGGUF. ComfyUI-GGUF's LoraLoader adds the
-  LoRA where a layer dequantizes its weight, so Fast Hooks equals it within 1e-3 of the effect (measured
-  5e-6 to 5.7e-6, kohya and diffusers LoRAs and a block map; quantization moves the latent by 0.033-0.036x
-  the effect); the GGML tensors keep their type and bytes. Core's hook path fails on ComfyUI-GGUF's fake
-  ``temp.weight`` entry, as the README says for SD1.5 and Flux.
+- GGUF: the tiny SD3.5 and Wan 2.1 in Q8_0 (``tiny_dits.write_gguf``: devtools/tiny_gguf.py's writer with
+  ComfyUI-GGUF's rules for SD3 and Wan: Wan's modulation and 5-D patch embedding F32, as convert.py and
+  fix_5d_tensors.py keep them) through ComfyUI-GGUF's own UnetLoaderGGUF. ComfyUI-GGUF's LoraLoader adds
+  the LoRA where a layer dequantizes its weight, so Fast Hooks equals it within 1e-3 of the effect (kohya
+  and diffusers LoRAs on SD3.5, a musubi-tuner LoRA on Wan, a block map on SD3.5; quantization moves the
+  latent by 0.033-0.039x the effect); the GGML tensors keep their type and bytes. Core's hook path fails
+  on ComfyUI-GGUF's fake ``temp.weight`` entry, as the README says for SD1.5 and Flux.
 
 Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): not collected on 0.3.75.
 """
@@ -344,12 +345,13 @@ def test_core_hooks_on_quantized_dits(dits, quant, name, fmt):
 
 
 # --- GGUF --------------------------------------------------------------------------------------------
-GGUF_NAME = "patchbay-sd35-tiny-Q8_0.gguf"
+GGUF_FAMILIES = ("sd35", "wan21")  # a joint-attention image DiT and a video one
 
 
 @pytest.fixture(scope="module")
-def sd35_gguf(comfy, tmp_path_factory):
-    """The tiny SD3.5 in Q8_0 through ComfyUI-GGUF's own UnetLoaderGGUF (its folder added for the load)."""
+def ggufs(comfy, tmp_path_factory) -> dict:
+    """{family: the tiny model in Q8_0 through ComfyUI-GGUF's own UnetLoaderGGUF} (its folder added for
+    the load)."""
     import folder_paths
     import gguf_sampling
 
@@ -357,12 +359,16 @@ def sd35_gguf(comfy, tmp_path_factory):
 
     gguf_sampling.load_comfyui_gguf()
     folder = tmp_path_factory.mktemp("gguf_dits")
-    tiny_dits.write_sd35_gguf(str(folder / GGUF_NAME))
     paths, extensions = folder_paths.folder_names_and_paths["diffusion_models"]
+    out = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(folder_paths.folder_names_and_paths, "diffusion_models",
                       ([*paths, str(folder)], extensions))
-        return nodes.NODE_CLASS_MAPPINGS[gguf_sampling.LOADER]().load_unet(GGUF_NAME)[0]
+        for name in GGUF_FAMILIES:
+            file = f"patchbay-{name}-tiny-Q8_0.gguf"
+            tiny_dits.write_gguf(name, str(folder / file))
+            out[name] = nodes.NODE_CLASS_MAPPINGS[gguf_sampling.LOADER]().load_unet(file)[0]
+    return out
 
 
 def gguf_weights(model) -> dict:
@@ -371,37 +377,42 @@ def gguf_weights(model) -> dict:
             for name, param in model.model.diffusion_model.named_parameters()}
 
 
-@pytest.mark.parametrize("fmt", ["diffusers", "kohya"])
-def test_fast_hooks_on_a_gguf_sd35_equal_its_loraloader(dits, engine, sd35_gguf, fmt):
+@pytest.mark.parametrize(("name", "fmt"), [("sd35", "diffusers"), ("sd35", "kohya"), ("wan21", "kohya")])
+def test_fast_hooks_on_a_gguf_dit_equal_its_loraloader(dits, engine, ggufs, name, fmt):
     import comfy.model_base
 
-    family, floating = dits.get("sd35")
-    assert type(sd35_gguf.model) is comfy.model_base.SD3
-    before = gguf_weights(sd35_gguf)
+    family, floating = dits.get(name)
+    model = ggufs[name]
+    assert type(model.model) is getattr(comfy.model_base, family.model_class)
+    before = gguf_weights(model)
+    # (ComfyUI-GGUF loads F32 tensors, Wan's modulation and 5-D patch embedding, as plain tensors)
     assert {kind.name for kind, _ in before.values() if kind is not None} == {"Q8_0", "F16"}, before
     lora = lora_of(family, floating, fmt)
-    plain = sample(family, sd35_gguf)
-    expected = sample(family, arch_sampling.load_lora(sd35_gguf, lora, STRENGTH))  # added at dequantize time
-    effect = effect_of(expected, plain, f"sd35 Q8_0 {fmt}")
-    print(f"sd35 Q8_0: noise {(plain - sample(family, floating)).abs().max().item() / effect:.2g} x effect")
-    actual = claimed_sample(engine, family, sd35_gguf, arch_sampling.hook_lora(lora, STRENGTH))
-    assert_within((actual - expected).abs().max().item(), EXACT_REL, effect, f"sd35 Q8_0 {fmt} vs LoraLoader")
-    assert gguf_weights(sd35_gguf) == before and not sd35_gguf.patches and not sd35_gguf.hook_patches
+    plain = sample(family, model)
+    expected = sample(family, arch_sampling.load_lora(model, lora, STRENGTH))  # added at dequantize time
+    effect = effect_of(expected, plain, f"{name} Q8_0 {fmt}")
+    print(f"{name} Q8_0: noise {(plain - sample(family, floating)).abs().max().item() / effect:.2g} x effect")
+    actual = claimed_sample(engine, family, model, arch_sampling.hook_lora(lora, STRENGTH))
+    diff = (actual - expected).abs().max().item()
+    assert_within(diff, EXACT_REL, effect, f"{name} Q8_0 {fmt} vs LoraLoader")
+    assert gguf_weights(model) == before and not model.patches and not model.hook_patches
 
 
-def test_block_weights_on_a_gguf_sd35(comfy, dits, engine, sd35_gguf):
+def test_block_weights_on_a_gguf_sd35(comfy, dits, engine, ggufs):
     """Block weights on the GGUF SD3.5 (ComfyUI-GGUF's tensors report their logical shapes, so the table
     detects sd3 from the keys): as on the float model, against ComfyUI-GGUF's LoraLoader."""
     family, floating = dits.get("sd35")
-    before = gguf_weights(sd35_gguf)
+    model = ggufs["sd35"]
+    before = gguf_weights(model)
     case = BLOCK_CASES["sd35", "diffusers"]
-    diff, effect = block_map_diff(comfy, engine, family, sd35_gguf, tiny_dits.lora(family, floating), case)
+    diff, effect = block_map_diff(comfy, engine, family, model, tiny_dits.lora(family, floating), case)
     assert_within(diff, EXACT_REL, effect, "sd35 Q8_0 block map vs LoraLoader on those blocks")
-    assert gguf_weights(sd35_gguf) == before
+    assert gguf_weights(model) == before
 
 
-def test_core_hooks_fail_on_a_gguf_sd35(dits, sd35_gguf):
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
+def test_core_hooks_fail_on_a_gguf_dit(dits, ggufs, name):
     """As the README says for SD1.5 and Flux: ComfyUI-GGUF's fake ``temp.weight`` entry stops core."""
-    family, floating = dits.get("sd35")
+    family, floating = dits.get(name)
     with pytest.raises(AttributeError, match="object has no attribute 'temp'"):
-        sample(family, sd35_gguf, arch_sampling.hook_lora(tiny_dits.lora(family, floating), STRENGTH))
+        sample(family, ggufs[name], arch_sampling.hook_lora(tiny_dits.lora(family, floating), STRENGTH))
