@@ -2,10 +2,11 @@
 
 A ``MergeCache`` passed as ``MergeOptions.cache`` lets a merge skip the work an earlier merge did:
 
-- ``get(key_id)`` / ``put(key_id, tensor)``: a key's result (a whole output tensor, or the fp32 result
-  of a non-elementwise call inside the recipe), identified by ``Graph.key_id`` (merge/steps.py): the
-  method, its inputs' ids, its parameters resolved for that key, the source fingerprints. Equal ids
-  mean equal values, so an entry is reused whatever recipe it came from.
+- ``get(key_id)`` / ``put(key_id, tensor)`` (``put_copy``: a copy, made only if it fits): a key's
+  result (a whole output tensor, or the fp32 result of a non-elementwise call inside the recipe),
+  identified by ``Graph.key_id`` (merge/steps.py): the method, its inputs' ids, its parameters
+  resolved for that key, the source fingerprints. Equal ids mean equal values, so an entry is reused
+  whatever recipe it came from.
 - ``method_store(owner)``: the per-key dicts methods keep in ``KeyContext.cache`` (rotate keeps its
   decomposition there), for one call site identified by its inputs but not its parameters.
 
@@ -93,6 +94,21 @@ class MergeCache:
             if not self._evict(nbytes, keep_current=True):
                 return False
             self._entries[slot] = _Entry(tensor, nbytes, self._run)
+            self._stats.bytes += nbytes
+            return True
+
+    def put_copy(self, key: Hashable, tensor: torch.Tensor) -> bool:
+        """``put`` of a copy of ``tensor``, made only when it will be kept: a merge larger than the budget
+        (an SD1.5 UNet in fp32 is 3.4 GB) would otherwise allocate, fill and free a copy of every key
+        past the budget."""
+        nbytes = tensor.numel() * tensor.element_size()
+        with self._lock:
+            slot = ("result", key)
+            if slot in self._entries:
+                self._drop(slot)
+            if not self._evict(nbytes, keep_current=True):
+                return False
+            self._entries[slot] = _Entry(tensor.clone(), nbytes, self._run)
             self._stats.bytes += nbytes
             return True
 

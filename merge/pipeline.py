@@ -143,7 +143,7 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, r
     def checked(out: torch.Tensor) -> None:  # in the writer thread: checked, then cached, then written
         check_output(out, plan, options, report, evaluator.sources, known)
         if cache is not None:
-            cache.put(root_id(graph, plan, salt, report.arch), out.clone())
+            cache.put_copy(root_id(graph, plan, salt, report.arch), out)
 
     pipe.write(plan.key, result, before=checked)
     if cache is not None:  # here, not in the writer: the methods fill their cache dicts in this thread,

@@ -16,6 +16,7 @@ step depends on, for the cache (merge/cache.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +140,27 @@ class Graph:
             args = tuple(self.key_id(arg, key, arch) for arg in step.args)
         params = tuple((name, self.key_id(v, key, arch) if isinstance(v, Call) else self.scalar(v, key, arch))
                        for name, v in step.kwargs.items())
-        return (step.method.name, args, params, self.seed if step.method.random else None)
+        passed = _passed_input(step.method.name, args, params)
+        return passed if passed is not None else (step.method.name, args, params,
+                                                  self.seed if step.method.random else None)
+
+
+def _passed_input(method: str, args: tuple, params: tuple) -> tuple | None:
+    """The id of the input a call gives back for this key, or None: weighted_sum at alpha 0 returns a and
+    at 1 returns b (merge/methods/linear.py), and lerp(x, x, alpha) is x. So the cells of a merge grid
+    whose alpha leaves a key at an input (a block preset's 0 blocks) share that key's id: its cached
+    result, and Merge Grid leaves it in the model instead of writing it again."""
+    if method != "weighted_sum" or len(args) != 2:
+        return None
+    alpha = dict(params).get("alpha")
+    if args[0] == args[1]:
+        return args[0]
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+        if math.isclose(alpha, 0.0):
+            return args[0]
+        if math.isclose(alpha, 1.0):
+            return args[1]
+    return None
 
 
 def _canonical_keys(source: Any) -> list[str]:

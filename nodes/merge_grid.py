@@ -6,11 +6,13 @@ Data flow::
     recipe, x/y axis (name + values text)
       -> parse_values(text)                 numbers, or one parameter map per line (Key Patterns syntax)
       -> merge.grid.variants(recipe, x, y)  one recipe per cell, row by row (checked before any merge)
-      -> per variant: merge_runtime.merge_models (through the merge cache: only keys whose values changed
-         are recomputed; a recipe of diffusion-model weights only streams into the previous variant's
-         MODEL, so no model is built or held twice), CLIPTextEncode with the merged text encoder (or the
-         clip input), KSampler's common_ksampler with the same seed, VAE decode; a variant's own text
-         encoder and VAE are dropped before the next, so memory stays that of one merge
+      -> per variant, rows in snake order (snake_order): merge_runtime.merge_models (through the merge
+         cache: only keys whose values changed are recomputed; a recipe of diffusion-model weights only
+         streams into the previous variant's MODEL, so no model is built or held twice, and the keys
+         whose merge-cache id is the previous variant's are not written at all), CLIPTextEncode with
+         the merged text encoder (or the clip input), KSampler's common_ksampler with the same seed,
+         VAE decode; a variant's own text encoder and VAE are dropped before the next, so memory stays
+         that of one merge
       -> drawing.labelled_grid(...)       the grid IMAGE, plus each variant's recipe as text
 
 The axes and values are checked before the first merge (names with did-you-mean, more than 64 variants
@@ -61,6 +63,14 @@ def parse_values(text: str, axis: str) -> list[Any]:
     except ValueError as error:
         raise ValueError(f"{axis}_values: {error}") from None
 
+
+
+def snake_order(count: int, columns: int) -> list[int]:
+    """The order the cells are merged in: row by row, every other row backwards, so that each variant
+    follows the one whose x value it shares (a row's last cell and the next row's first): the keys the
+    y value leaves alone keep their values in the model (merge_runtime.build_models)."""
+    rows = [list(range(start, min(count, start + columns))) for start in range(0, count, columns)]
+    return [i for r, row in enumerate(rows) for i in (row[::-1] if r % 2 else row)]
 
 
 class PatchbayMergeGrid:
@@ -124,17 +134,18 @@ class PatchbayMergeGrid:
         cells = grid.variants(recipe, x, y, allow_large=allow_large_grid)
         fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
         encoded: dict[str, Any] = {}  # prompt -> conditioning by the clip input (merged encoders vary)
-        images, texts, lines = [], [], []
+        images, lines = [None] * len(cells), [""] * len(cells)
+        texts = [f"# {', '.join(labels)}\n{recipe_to_text(variant)}" for labels, variant in cells]
         bar = comfy.utils.ProgressBar(len(cells))
         slot: list = []  # the only reference to the previous variant's MODEL (merge_runtime.build_models)
         try:
-            for number, (labels, variant) in enumerate(cells):
+            for number, index in enumerate(snake_order(len(cells), len(x[1]))):
+                labels, variant = cells[index]
                 comfy.model_management.throw_exception_if_processing_interrupted()
-                image, merged = self._sample(variant, fields, slot, clip, vae, encoded, positive, negative,
-                                             latent_image, seed, steps, cfg, sampler_name, scheduler)
-                images.append(image)
-                lines.append(f"{', '.join(labels)}: {merged}")
-                texts.append(f"# {', '.join(labels)}\n{recipe_to_text(variant)}")
+                images[index], merged = self._sample(variant, fields, slot, clip, vae, encoded, positive,
+                                                     negative, latent_image, seed, steps, cfg, sampler_name,
+                                                     scheduler)
+                lines[index] = f"{', '.join(labels)}: {merged}"
                 bar.update_absolute(number + 1, len(cells))
         finally:
             slot.clear()
@@ -172,9 +183,10 @@ class PatchbayMergeGrid:
             image = decoder.decode(latent["samples"])
             image = image.reshape(-1, *image.shape[-3:])[0]
         finally:  # a merged text encoder and VAE go before the next variant is merged
-            del merged_clip, merged_vae
-            gc.collect()
-            comfy.model_management.cleanup_models()
+            if merged_clip is not None or merged_vae is not None:
+                del merged_clip, merged_vae
+                gc.collect()
+                comfy.model_management.cleanup_models()
         del model
         return image, lines[0]
 

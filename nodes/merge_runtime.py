@@ -117,8 +117,9 @@ def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any,
 
     ``reuse``: a list holding the only reference to a MODEL an earlier merge built (Merge Grid's previous
     variant, no longer used): when the recipe gives only diffusion-model weights of its shapes, they
-    stream into its parameters (no loader, no second model); else the list is emptied, freeing that
-    model before a new one is built."""
+    stream into its parameters (no loader, no second model), all but the keys whose values it holds
+    already (the same merge-cache id as the variant that filled it); else the list is emptied, freeing
+    that model before a new one is built. ``session.unchanged_keys``: how many keys it kept."""
     spill = session.options.spill_dir
     in_place = [p for p in session.plans if p.key.startswith(UNET) and p.passthrough is None]
     rest = [replace(p, dtype=session.source_dtype(p.key)) for p in session.plans
@@ -126,13 +127,19 @@ def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any,
     sink = _DictSink()
     session.stream(sink, rest, spill)
     state = sink.tensors
+    session.unchanged_keys = 0
     if reuse:
         targets = None
         if not state:
             with contextlib.suppress(MergeBuildError):  # another family or shape: build anew
                 targets = _targets(reuse[0], in_place)
         if targets is not None and len(targets) == len(reuse[0].model.diffusion_model.state_dict()):
-            session.stream(_ParamSink(targets), in_place, spill)
+            held, ids = getattr(reuse[0], _HELD, {}), _key_ids(session, in_place)
+            todo = [plan for plan in in_place if held.get(plan.key) != ids[plan.key]]
+            setattr(reuse[0], _HELD, {})  # unknown while it fills (a Cancel stops it part way)
+            session.stream(_ParamSink(targets), todo, spill)
+            setattr(reuse[0], _HELD, ids)
+            session.unchanged_keys = len(in_place) - len(todo)
             return reuse[0], None, None
         reuse.clear()
         gc.collect()
@@ -141,7 +148,23 @@ def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any,
     model, clip, vae = _load(state, diffusion_only=all(key.startswith(UNET) for key in state))
     del state
     session.stream(_ParamSink(_targets(model, in_place)), in_place, spill)
+    if reuse is not None:
+        setattr(model, _HELD, _key_ids(session, in_place))
     return model, clip, vae
+
+
+_HELD = "_patchbay_merge_ids"  # on a MODEL build_models may reuse: key -> id of the value it holds
+
+
+def _key_ids(session: MergeSession, plans: list) -> dict[str, tuple]:
+    """What each key's merged value depends on (merge/pipeline.root_id, the merge cache's id): equal ids,
+    equal values, so a reused model keeps a key whose id did not change (a block map's other blocks, an
+    alpha's blocks at 0) without it being read, computed or copied again."""
+    from ..merge.pipeline import root_id
+    from ..merge.plan import cache_salt
+
+    salt = cache_salt(session.options)
+    return {plan.key: root_id(session.graph, plan, salt, session.arch) for plan in plans}
 
 
 def _load(state: dict, diffusion_only: bool) -> tuple[Any, Any, Any]:
@@ -189,8 +212,10 @@ def merge_models(recipe: object, reuse: list | None = None, **fields: Any) -> tu
     with MergeSession(recipe, options) as session, _stopped_on_nonfinite("Merge"):
         model, clip, vae = build_models(session, reuse)
         report = session.finish()
-    kept = len(session.plans) - len(report.skipped)
-    lines = [f"merged {kept} keys ({report.arch}), {report.cached_keys} from the merge cache",
+    kept, unchanged = len(session.plans) - len(report.skipped), session.unchanged_keys
+    note = f" ({unchanged} unchanged in the previous variant's model, not rewritten)" if unchanged else ""
+    lines = [f"merged {kept} keys ({report.arch}), {report.cached_keys + unchanged} from the merge cache"
+             f"{note}",
              *(f"warning: {w}" for w in report.warnings)]
     for warning in report.warnings:
         LOG.warning("Merge (Patchbay): %s", warning)

@@ -78,3 +78,46 @@ def test_more_than_64_variants_when_asked(m):
     cells = m.grid.variants(two_methods(m.R), ("weighted_sum.alpha", [0.1] * 9),
                             ("add_difference.alpha", [0.1] * 8), allow_large=True)
     assert len(cells) == 72
+
+
+def test_a_weighted_sum_that_gives_back_an_input_has_its_id_and_its_values(m, tmp_path):
+    """A block preset is 0 or 1 per block, so weighted_sum(a, weighted_sum(a, b, preset), alpha) is a
+    wherever the preset is 0, whatever alpha: those keys' ids (Graph.key_id: what the merge cache and
+    Merge Grid's kept keys go by) are a's at every alpha, and the merge gives a's values there bit for bit
+    (weighted_sum returns a at alpha 0, lerp(a, a, w) is a); a key the preset sets to 1 has one id per
+    alpha, and a + alpha * (b - a) as values."""
+    import torch
+    from safetensors.torch import save_file
+
+    from merge.plan import MergeOptions
+    from merge.session import MergeSession
+
+    R = m.R
+    inside = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"  # IN01
+    outside = "model.diffusion_model.output_blocks.2.0.weight"  # OUT02
+    paths = []
+    for seed in (1, 2):
+        gen = torch.Generator().manual_seed(seed)
+        paths.append(tmp_path / f"{seed}.safetensors")
+        save_file({inside: torch.randn(8, 768, generator=gen).half(),
+                   outside: torch.randn(12, 10, generator=gen).half()}, str(paths[-1]))
+    a, b = (R.model(str(p)) for p in paths)
+    preset = R.literal({"IN*": 1.0, "default": 0.0})
+    ids, values = [], []
+    for alpha in (0.3, 0.6):
+        recipe = R.weighted_sum(a, R.weighted_sum(a, b, alpha=preset), alpha=alpha)
+        with MergeSession(recipe, MergeOptions(dtype="fp32")) as session:
+            graph = session.graph
+            ids.append({k: graph.key_id(graph.root, k, session.arch) for k in (inside, outside)})
+            values.append({k: session.evaluate(k) for k in (inside, outside)})
+            leaf = {k: graph.key_id(graph.root.args[0], k, session.arch) for k in (inside, outside)}
+            raw = [{k: s.tensor(k).float() for k in (inside, outside)} for s in session.sources]
+        assert ids[-1][outside] == leaf[outside], "a preset's 0 block is not a's id"
+        assert torch.equal(values[-1][outside], raw[0][outside])
+        assert torch.allclose(values[-1][inside], raw[0][inside] + alpha * (raw[1][inside] - raw[0][inside]),
+                              atol=1e-6)
+    assert ids[0][outside] == ids[1][outside] and ids[0][inside] != ids[1][inside]
+    with MergeSession(R.weighted_sum(a, b, alpha=1.0), MergeOptions(dtype="fp32")) as session:
+        graph = session.graph
+        assert graph.key_id(graph.root, inside, session.arch) == graph.key_id(graph.root.args[1], inside,
+                                                                              session.arch)

@@ -161,3 +161,31 @@ def test_more_than_64_variants_need_allow_large_grid(env):
         a=recipe, b=env.node("PatchbayMethodSubtract").build(a=env.b, b=env.a)[0], alpha=0.5)[0]
     with pytest.raises(ValueError, match=r"the grid has 81 variants \(over 64\).*allow_large_grid"):
         run_grid(env, inner, "weighted_sum.alpha", values, "add_difference.alpha", values)
+
+
+def test_rows_are_merged_in_snake_order_and_each_image_lands_in_its_cell(env, monkeypatch):
+    """Every other row backwards, so each variant follows one with its x value (keys kept in the model);
+    the grid, its lines and its text keep row-by-row order. Each cell's "image" here is the number of
+    the call that made it, so the test sees where every variant's image went (no merging)."""
+    assert env.grid.snake_order(6, 3) == [0, 1, 2, 5, 4, 3]
+    assert env.grid.snake_order(5, 2) == [0, 1, 3, 2, 4]
+    assert env.grid.snake_order(3, 1) == [0, 1, 2] and env.grid.snake_order(3, 3) == [0, 1, 2]
+    calls = []
+
+    def sample(variant, *args):
+        calls.append(env.grid.recipe_to_text(variant))
+        return torch.full((64, 64, 3), len(calls) * 50 / 255), f"call {len(calls)}"
+
+    monkeypatch.setattr(env.grid.PatchbayMergeGrid, "_sample", staticmethod(sample))
+    inner = env.node("PatchbayMethodWeightedSum").build(a=env.a, b=env.b, alpha=0.5)[0]
+    recipe = diffuser(env, env.node("PatchbayMethodAddDifference").build(
+        a=inner, b=env.node("PatchbayMethodSubtract").build(a=env.b, b=env.a)[0], alpha=0.5)[0])
+    out = run_grid(env, recipe, "weighted_sum.alpha", "0.2, 0.8", "add_difference.alpha", "0\n1")
+    grid_image, texts = out["result"]
+    blocks = [block.split("\n", 1)[1] for block in texts.split("\n\n# ")]
+    assert [line.split(": ")[1] for line in out["ui"]["text"]] == ["call 1", "call 2", "call 4", "call 3"]
+    for position, text in enumerate(blocks):
+        number = calls.index(text) + 1
+        assert number == [1, 2, 4, 3][position]
+        got = cell(env, grid_image, position // 2, position % 2)
+        assert torch.equal(as_pixels(got), torch.full_like(got, number * 50)), f"cell {position}"
