@@ -1,4 +1,4 @@
-"""Attention couple: regional prompts in one batch row, each region's LoRA only inside its mask (UNets).
+"""Attention couple: regional prompts in one batch row, each region's LoRA only inside its mask.
 
 Why: Regional LoRA (core's masked conds, hooks/regions.py) spends one batch row per region at every step;
 the couple spends one row for all regions (docs/design-attention-couple.md). Data flow::
@@ -15,8 +15,9 @@ the couple spends one row for all regions (docs/design-attention-couple.md). Dat
     region LoRA r: y[t] += s_r * w_r(t) * delta(x)[t] on image tokens (convs: at their output grid);
         on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area mean
 
-DiT joint attention is not covered yet (design doc). Masks are MASKs ([H, W] or [1, H, W], 0..1) at the
-image's or the latent's size. Nothing passed in is changed.
+DiT joint attention (Flux.1, Flux.2, SD3): hooks/couple_dit.py, an attention mask instead of attn2.
+Masks are MASKs ([H, W] or [1, H, W], 0..1) at the image's or the latent's size. Nothing passed in is
+changed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from comfy.ldm.modules import attention
 
+from . import couple_dit
+from .couple_dit import CoupleError
 from .enable import enable_hook_engine
 from .engine import TOKEN_WEIGHTS_KEY
 from .lora_hooks import combine
@@ -46,10 +49,6 @@ __all__ = ["MAX_REGIONS", "CoupleError", "CoupleRegion", "CoupleWeights", "atten
 MAX_REGIONS = 8
 _TEXT_MODULES = ("attn2.to_k", "attn2.to_v")  # linears on the prompt's tokens, not the image's
 _BLOCKS = ("input", "middle", "output")
-
-
-class CoupleError(ValueError):
-    """Bad regions for an attention couple; the message names the value and the fix."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +259,7 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
     if len({t.shape[-1] for t, _ in parts}) > 1:
         raise CoupleError("the prompts come from different text encoders (token widths "
                           f"{[t.shape[-1] for t, _ in parts]}): encode them all with the model's CLIP.")
+    parts = [(couple_dit.as_model_pads(model, t), e) for t, e in parts]
     stops = torch.tensor([t.shape[1] for t, _ in parts]).cumsum(0).tolist()
     segments = _Segments(tuple(zip([0, *stops[:-1]], stops, strict=True)), stops[-1])
     extra = dict(parts[0][1])
@@ -278,11 +278,14 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
 
 def _patched(model: ModelPatcher, weights: CoupleWeights, segments: _Segments, refs: dict) -> ModelPatcher:
     clone = enable_hook_engine(model)
-    patch = CoupleAttention(weights, segments)
     unet = clone.get_model_object("diffusion_model")
+    if couple_dit.is_joint(unet):
+        couple_dit.patch_joint(clone, weights, segments, refs)
+        return clone
     if not hasattr(unet, "input_blocks"):
-        raise CoupleError(f"attention couple runs on UNet models (SD1.5, SDXL) so far; this model's "
-                          f"{type(unet).__name__} is not one: use Regional LoRA for it.")
+        raise CoupleError(f"attention couple runs on SD1.5/SDXL UNets and Flux.1/Flux.2/SD3 DiTs; this "
+                          f"model's {type(unet).__name__} is none of them: use Regional LoRA for it.")
+    patch = CoupleAttention(weights, segments)
     for name in _BLOCKS:
         count = 1 if name == "middle" else len(getattr(unet, f"{name}_blocks", ()))
         for number in range(count):

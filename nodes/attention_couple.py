@@ -16,18 +16,18 @@ REGIONS = couple.MAX_REGIONS
 
 
 class PatchbayAttentionCouple(lora_files.ReadsLoras):
-    """Attention couple on SD1.5/SDXL UNets (hooks/couple.py); DiT joint attention is not covered yet."""
+    """Attention couple on SD1.5/SDXL UNets (hooks/couple.py) and Flux/SD3 DiTs (hooks/couple_dit.py)."""
 
     NODE_ID = "PatchbayAttentionCouple"
     DISPLAY_NAME = "Attention Couple (Patchbay)"
-    DESCRIPTION = (f"Up to {REGIONS} regional prompts in one batch row (SD1.5, SDXL): each region's prompt "
-                   "is attended inside its mask, its LoRA acts only there; the base prompt fills the rest.")
+    DESCRIPTION = (f"Up to {REGIONS} regional prompts in one batch row (SD1.5, SDXL, Flux.1, Flux.2, SD3): "
+                   "each region's prompt is attended inside its mask, its LoRA acts only there; the base "
+                   "prompt fills the rest.")
     CATEGORY = CATEGORY
     FUNCTION = "couple"
     RETURN_TYPES = ("MODEL", "CONDITIONING")
     RETURN_NAMES = ("model", "positive")
-    OUTPUT_TOOLTIPS = ("A clone of the model on Fast Hooks with the couple's cross-attention: sample "
-                       "with it.",
+    OUTPUT_TOOLTIPS = ("A clone of the model on Fast Hooks with the couple's attention: sample with it.",
                        "The positive conditioning to sample with (every prompt and region LoRA in one row); "
                        "the negative is sampled as usual.")
     FILES_KEPT = REGIONS
@@ -50,7 +50,8 @@ class PatchbayAttentionCouple(lora_files.ReadsLoras):
                 f"throughout.")})
         return {
             "required": {
-                "model": ("MODEL", {"tooltip": "An SD1.5 or SDXL model; cloned, never changed."}),
+                "model": ("MODEL", {"tooltip": "An SD1.5, SDXL, Flux.1, Flux.2 or SD3 model; cloned, "
+                                             "never changed."}),
                 "clip": ("CLIP", {"tooltip": "The text encoder for every prompt."}),
                 "base": ("STRING", {"multiline": True, "default": "", "dynamicPrompts": True,
                                     "tooltip": "The prompt where no region mask is (and where masks sum to "
