@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ..patcher.calls import argument
 from .lowrank import ModuleDeltas, RowFactors, module_kind
 
 __all__ = ["TWIN_NAME", "CompiledRun", "RowHook", "twin_settings"]
@@ -138,7 +139,7 @@ class CompiledRun:
 
     def call(self, executor: Any, args: tuple, kwargs: dict, strengths: list[list[float]]) -> Any:
         """``executor`` (APPLY_MODEL) with the strengths as a tensor, the twins in place of core's modules."""
-        base, x = executor.class_obj, args[0]
+        base, x = executor.class_obj, argument(executor.original, "x", args, kwargs)
         self._prepare(base, x.device)
         key = (x.device, tuple(map(tuple, strengths)))
         call = self.calls.get(key)

@@ -41,6 +41,7 @@ import comfy.utils
 import torch
 from comfy.patcher_extension import WrappersMP
 
+from ..patcher.calls import argument
 from ..patcher.steps import cond_active
 from .cache import TensorCache
 from .compiled import CompiledRun, twin_settings
@@ -329,11 +330,13 @@ def _rest(run: RunPlan, group: Any) -> Any:
 
 
 def apply_model_wrapper(executor, *args, **kwargs):
-    transformer_options = args[5] if len(args) > 5 else kwargs.get("transformer_options", {})
+    """APPLY_MODEL (``BaseModel._apply_model``; its arguments found by name in its signature)."""
+    transformer_options = argument(executor.original, "transformer_options", args, kwargs, {})
     run: RunPlan | None = transformer_options.get(RUN_KEY)
+    x = argument(executor.original, "x", args, kwargs)
     if run is not None and run.compiled is not None:
         tokens = transformer_options.get(TOKEN_WEIGHTS_KEY)
-        if tokens is not None and tokens.for_call(run.index, args[0] if args else kwargs["x"]) is not None:
+        if tokens is not None and tokens.for_call(run.index, x) is not None:
             raise ValueError("per-token hook weights (Attention Couple's region LoRAs) do not run on a "
                              "model compiled by TorchCompileModel yet; remove TorchCompileModel or the "
                              "regions' LoRAs.")
@@ -343,7 +346,7 @@ def apply_model_wrapper(executor, *args, **kwargs):
         return executor(*args, **kwargs)
     tokens = transformer_options.get(TOKEN_WEIGHTS_KEY)
     if tokens is not None:
-        call.strengths.weights = tokens.for_call(run.index, args[0] if args else kwargs["x"])
+        call.strengths.weights = tokens.for_call(run.index, x)
     token = _CALL.set(call)
     try:
         return executor(*args, **kwargs)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import registry
+from .calls import argument, with_argument
 from .errors import DuplicateKeyError, UnknownEventError
 from .ordering import did_you_mean, namespaced_key
 from .schedule import locate, step_mode
@@ -316,19 +317,19 @@ def _start_run(model: ModelPatcher, guider: Any, sampler: Any, sigmas: Any, mode
 
 
 def _sampler_sample(executor, *args, **kwargs):
-    """SAMPLER_SAMPLE wrapper: (guider, sigmas, extra_args, callback, noise, latent_image, ...)."""
-    guider, sigmas, extra_args = args[0], args[1], args[2]
+    """SAMPLER_SAMPLE wrapper: (model_wrap (the guider), sigmas, extra_args, callback, noise, ...), found by
+    name in the sampler's ``sample``."""
+    core = executor.original
+    guider = argument(core, "model_wrap", args, kwargs)
     model = getattr(guider, "model_patcher", None)
     table = _table(model)
     if not table:
         return executor(*args, **kwargs)
+    sigmas, extra_args = argument(core, "sigmas", args, kwargs), argument(core, "extra_args", args, kwargs)
     options = extra_args["model_options"].setdefault("transformer_options", {})
     run = _start_run(model, guider, executor.class_obj, sigmas, extra_args["model_options"], table)
-    args = list(args)
-    if len(args) > 3:
-        args[3] = run.wrap_callback(args[3])
-    else:
-        kwargs["callback"] = run.wrap_callback(kwargs.get("callback"))
+    callback = run.wrap_callback(argument(core, "callback", args, kwargs))
+    args, kwargs = with_argument(core, "callback", callback, args, kwargs)
     options[RUN_KEY] = run
     try:
         run.emit("sampler_start", 0)
@@ -340,12 +341,14 @@ def _sampler_sample(executor, *args, **kwargs):
 
 
 def _predict_noise(executor, *args, **kwargs):
-    """PREDICT_NOISE wrapper: (x, timestep, model_options, seed); one call per model evaluation."""
-    model_options = args[2] if len(args) > 2 else kwargs.get("model_options") or {}
+    """PREDICT_NOISE wrapper: (x, timestep, model_options, seed), found by name in the guider's
+    ``predict_noise``; one call per model evaluation."""
+    core = executor.original
+    model_options = argument(core, "model_options", args, kwargs) or {}
     run = model_options.get("transformer_options", {}).get(RUN_KEY)
     if not isinstance(run, _Run):
         return executor(*args, **kwargs)
-    x, sigma = args[0], _first_float(args[1])
+    x, sigma = argument(core, "x", args, kwargs), _first_float(argument(core, "timestep", args, kwargs))
     step, count = run.before_evaluation(sigma, x)
     denoised = executor(*args, **kwargs)
     run.emit("evaluation", step, sigma=sigma, x=x, denoised=denoised, evaluation=count)

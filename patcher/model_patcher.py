@@ -29,13 +29,17 @@ argument to ``super()``, and only our own attachment is copied.
 
 from __future__ import annotations
 
+import functools
+import types
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import comfy.model_patcher
 from comfy.hooks import EnumHookType, EnumWeightTarget, HookGroup
 
+from .calls import argument, position, with_argument
 from .ordering import reorder_registered
 from .patch_order import FULL_LOAD_MODES, PATCH_ORDERS, PatchOrder, lifted_object_patches, resolve_full_load
 from .state import PatchbayState, existing_state, patchbay_state, require_model
@@ -61,7 +65,17 @@ class HookClaimer(Protocol):
         """Whether it claims hooks on ``patcher`` at all (if not, core needs a non-dynamic delegate)."""
 
 
-_FULL_LOAD_POSITION = 3  # ModelPatcher.load(device_to, lowvram_model_memory, force_patch_weights, full_load)
+
+@functools.cache
+def _load_naming_full_load(cls: type) -> Callable:
+    """The first ``load`` after the mixin in ``cls``'s MRO that takes ``full_load`` by name: core's, or an
+    override's that names it (ComfyUI-GGUF's passes ``*args`` on to core's)."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(PatchbayPatcherMixin) + 1:]:
+        function = klass.__dict__.get("load")
+        if function is not None and position(types.MethodType(function, object()), "full_load") is not None:
+            return types.MethodType(function, object())  # a stand-in self: only its signature is read
+    raise TypeError(f"no load method of {cls.__qualname__} takes full_load: this ComfyUI renamed it")
 
 
 class PatchbayPatcherMixin:
@@ -101,13 +115,10 @@ class PatchbayPatcherMixin:
     def load(self, *args, **kwargs):
         """Core's load with the state's full_load applied; every argument passed on as the caller gave
         it (positional or keyword: ComfyUI-GGUF's patcher sets ``force_patch_weights`` by keyword)."""
-        if len(args) > _FULL_LOAD_POSITION:
-            args = (*args[:_FULL_LOAD_POSITION],
-                    resolve_full_load(self.patchbay.order.full_load, args[_FULL_LOAD_POSITION]),
-                    *args[_FULL_LOAD_POSITION + 1:])
-        else:
-            kwargs["full_load"] = resolve_full_load(self.patchbay.order.full_load,
-                                                    kwargs.get("full_load", False))
+        names = _load_naming_full_load(type(self))  # where full_load is, by core's signature
+        full_load = resolve_full_load(self.patchbay.order.full_load,
+                                      argument(names, "full_load", args, kwargs, False))
+        args, kwargs = with_argument(names, "full_load", full_load, args, kwargs)
         with self._own_modules():
             return super().load(*args, **kwargs)
 

@@ -2,7 +2,7 @@
 
 patcher/ordering.py (priority order, namespaces, did-you-mean), patcher/signatures.py (registration
 checks), patcher/steps.py (step bookkeeping per sampler pattern, schedule slices), patcher/trace.py's
-recorder.
+recorder, patcher/calls.py (core's arguments by name).
 """
 
 from __future__ import annotations
@@ -23,22 +23,69 @@ ROOT = Path(__file__).resolve().parent.parent
 def pure(pack):
     import types
 
-    from patchbay.patcher import errors, ordering, signatures, steps, trace
+    from patchbay.patcher import calls, errors, ordering, signatures, steps, trace
 
     return types.SimpleNamespace(errors=errors, ordering=ordering, signatures=signatures, steps=steps,
-                                 trace=trace)
+                                 trace=trace, calls=calls)
 
 
 def test_pure_modules_import_no_comfy():
-    """ordering, signatures, steps, errors and trace import without ComfyUI (fresh interpreter)."""
+    """calls, ordering, signatures, steps, errors and trace import without ComfyUI (fresh interpreter)."""
     code = (
         "import sys, types; p = types.ModuleType('patchbay'); p.__path__ = [sys.argv[1]]; "
         "sys.modules['patchbay'] = p; "
-        "from patchbay.patcher import errors, ordering, signatures, steps, trace; "
+        "from patchbay.patcher import calls, errors, ordering, signatures, steps, trace; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'torch')); "
         "assert not bad, bad"
     )
     run_watched([sys.executable, "-c", code, str(ROOT)], check=True)
+
+
+# ---- calls: core's arguments by name ----------------------------------------------------------------
+
+
+class _Model:
+    """Shaped like core's ``BaseModel._apply_model`` (and a newer core that inserts a parameter)."""
+
+    def apply(self, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None, **kwargs):
+        return x
+
+    def newer(self, x, t, extra=None, c_concat=None, c_crossattn=None, control=None,
+              transformer_options=None):
+        return x
+
+    def passes_on(self, *args, force=False, **kwargs):  # another pack's override (ComfyUI-GGUF's load)
+        return args
+
+
+def test_arguments_are_found_by_name_in_the_called_signature(pure):
+    calls, model = pure.calls, _Model()
+    options = {"uuids": [1]}
+    assert calls.position(model.apply, "transformer_options") == 5  # self not counted
+    assert calls.position(_Model.apply, "transformer_options") == 6  # a plain function counts it
+    assert calls.position(model.newer, "transformer_options") == 6
+    for method, args in ((model.apply, ("x", "t", None, None, None, options)),
+                         (model.newer, ("x", "t", None, None, None, None, options))):
+        assert calls.argument(method, "transformer_options", args, {}) is options
+        assert calls.argument(method, "x", args, {}) == "x"
+    assert calls.argument(model.apply, "transformer_options", ("x", "t"), {"transformer_options": options}) \
+        is options
+    assert calls.argument(model.apply, "control", ("x", "t"), {}, default="none") == "none"
+    # *args and keyword-only: no position, so only a keyword is found
+    assert calls.position(model.passes_on, "force") is None
+    assert calls.argument(model.passes_on, "force", (1, 2, 3, 4), {"force": True}) is True
+
+
+def test_an_argument_is_replaced_where_the_caller_passed_it(pure):
+    calls, model = pure.calls, _Model()
+    args, kwargs = calls.with_argument(model.apply, "transformer_options", "new", ("x", "t", 1, 2, 3, "old"),
+                                       {"extra": 9})
+    assert args == ("x", "t", 1, 2, 3, "new") and kwargs == {"extra": 9}
+    args, kwargs = calls.with_argument(model.apply, "transformer_options", "new", ("x", "t"),
+                                       {"transformer_options": "old"})
+    assert args == ("x", "t") and kwargs == {"transformer_options": "new"}
+    args, kwargs = calls.with_argument(model.apply, "control", "c", ("x",), {})  # not passed: by keyword
+    assert args == ("x",) and kwargs == {"control": "c"}
 
 
 # ---- ordering -----------------------------------------------------------------------------------

@@ -152,6 +152,34 @@ def test_full_load_reaches_core_load(comfy, setup, mp, mode, expected):
     assert seen == [expected, expected]
 
 
+@pytest.mark.parametrize("source", ["checkpoint", "gguf"])
+def test_full_load_found_by_name_however_load_is_called(comfy, setup, mp, source):
+    """The override finds full_load by core's signature (patcher/calls.py), passed by position or by
+    keyword, also through ComfyUI-GGUF's load, which takes ``*args`` and passes them on to core's."""
+    import gguf_sampling
+    from comfy.model_patcher import ModelPatcher
+    from comfy.patcher_extension import CallbacksMP
+
+    if source == "gguf":
+        gguf_sampling.load_comfyui_gguf()
+        model = gguf_sampling.shared_gguf("sd15", "Q8_0")
+        assert type(model).load is not ModelPatcher.load  # GGUF's own override
+    else:
+        model = setup[0]
+    ours = mp.set_patch_order(model, "object_patch_first", "enabled")
+    seen = []
+    ours.add_callback(CallbacksMP.ON_LOAD, lambda _patcher, *args: seen.append(args[-1]))
+    cpu = torch.device("cpu")
+    calls = [((cpu,), {"full_load": False}), ((cpu,), {})]
+    # by position up to full_load (ComfyUI-GGUF's own load refuses force_patch_weights by position)
+    calls.append(((cpu, 0), {"force_patch_weights": False, "full_load": False}) if source == "gguf"
+                 else ((cpu, 0, False, False), {}))
+    for args, kwargs in calls:
+        ours.load(*args, **kwargs)
+        ours.unpatch_model()
+    assert seen == [True, True, True]  # "enabled" replaced the caller's False each time
+
+
 def test_set_patch_order_leaves_the_input_alone(setup, mp):
     model, lora, _unet = setup
     before = (type(lora), lora.patches_uuid, dict(lora.attachments), dict(lora.object_patches))
