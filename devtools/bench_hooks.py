@@ -5,6 +5,8 @@ Run ``make bench-hooks`` (or ``python devtools/bench_hooks.py [--arch A] [--devi
 way tests/conftest.py's ``comfy`` fixture does it (main.py is not run: on a GPU, ComfyUI 0.33's
 dynamic VRAM stays off), with torch pinned to one thread. A focused re-check of one figure:
 ``BENCH_ARGS="--scenarios regional_two_loras --sizes 16 --memory none"`` (about 5 minutes).
+Issue 34's attention couple figures: ``BENCH_ARGS="--arch sd15-full --scenarios
+regions_2_loras,regions_4_loras,regions_8_loras --steps 4 --rounds 2 --memory none"`` (about 10 minutes).
 
 Models (``--arch``, devtools/bench_models.py; euler, CFG 7): ``tiny``, the tiny SD1.5 checkpoint,
 10 steps at 8x8 and 16x16 (issue 4); ``sd15-full``, an SD1.5-size UNet with rank-32 LoRAs, 10 steps
@@ -22,9 +24,12 @@ Scenarios (each times the *same* workflow per contender; only how the LoRA is ap
   scheduled_lora      the same with a 4-keyframe strength schedule (1, 0.75, 0.5, 0.25)
   regional_two_loras  two masked regions (left/right halves), one LoRA hook each
   seed_rerun          positive_lora run once, then re-queued with a new seed; only the re-run is timed
+  regions_N_loras     (issue 34 item 3; N = 2, 4, 8) N vertical stripes covering the image, a prompt and a
+                      LoRA hook each (the two LoRA files alternate, one hook per region)
 
 Contenders build the sampling inputs (model, positive, negative) from real ComfyUI nodes:
-  nohook      plain; for regional, the same two masked regions without hooks
+  nohook      plain; for regional_two_loras, the same two masked regions without hooks; for regions_N_loras
+              the plain prompt alone (one row, no regions, no hooks), the couple's targets' baseline
   loraloader  the LoRA(s) baked with LoraLoader at strength 1 (strength_clip 0). Not an exact equivalent for
               scheduled_lora (no schedule) nor regional_two_loras (both LoRAs baked into the whole
               model, regions kept) nor for positive-only (baked = positive+negative); it is the cost
@@ -33,7 +38,14 @@ Contenders build the sampling inputs (model, positive, negative) from real Comfy
               without it)
   core        core hook nodes: CreateHookLora, CreateHookKeyframesFromFloats + SetHookKeyframes,
               ConditioningSetProperties (with masks for regions), ConditioningCombine
-  patchbay    the core workflow unchanged, its MODEL passed through "Fast Hooks (Patchbay)" once
+  patchbay    the core workflow unchanged, its MODEL passed through "Fast Hooks (Patchbay)" once (for
+              regions: what Regional LoRA (Patchbay) builds, one batch row per region)
+  couple      regions_N_loras only: hooks/couple.attention_couple (what "Attention Couple (Patchbay)"
+              calls) on the Fast Hooks model with the same prompts, masks and LoRA hooks as core: one row
+              for every region; null where the model is not one the couple runs on
+LoraLoader and bypass do not run the regions_N_loras scenarios (N LoRAs baked into the whole model is no
+floor for regional prompting). Targets for regions_N_loras: couple / plain <= 1.15 at 4 regions and
+<= 1.30 at 8; couple faster than core and patchbay (rows) from 2 regions.
 
 Timing: only the KSampler call is timed (time.perf_counter; on CUDA after a synchronize on both
 sides), which includes ComfyUI's model load and patching and, for core, hook registration at sample
@@ -72,12 +84,14 @@ from bench_models import ARCHES, ArchSpec, Targets
 
 SCENARIOS = bench_models.ALL_SCENARIOS
 CONTENDERS = bench_models.ALL_CONTENDERS
-JSON_KEYS = ("patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "patchbay_rss_mb_over_plain",
-             "lora_files_mb")
+JSON_KEYS = ("patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "couple_s",
+             "patchbay_rss_mb_over_plain", "lora_files_mb", "x_plain_paired")
 RUN_KEYS = ("arch", "device", "steps", "compile", "comfyui", "memory")
 SCHEDULE = [1.0, 0.75, 0.5, 0.25]
 CFG, SAMPLER, SCHEDULER = 7.0, "euler", "normal"
 NOT_AVAILABLE = "not available in this ComfyUI version"
+NOT_RUN = "not run (why: printed above the table)"
+REGION_COUNTS = bench_models.REGION_COUNTS
 
 
 class NotImplementedContender(Exception):
@@ -98,13 +112,26 @@ class RunSetup:
 
 
 def scenario_loras(scenario: str, loras: tuple[str, str]) -> list[str]:
+    """The LoRA files a scenario reads, one entry per hook (regions_N_loras: N, the two alternating)."""
+    if scenario in REGION_COUNTS:
+        return [loras[i % 2] for i in range(REGION_COUNTS[scenario])]
     return list(loras) if scenario == "regional_two_loras" else [loras[0]]
 
 
-def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict, run: dict | None = None) -> str:
+def applies(scenario: str, contender: str) -> bool:
+    """Whether ``contender`` runs ``scenario``: the couple only the regions_N_loras scenarios, which
+    LoraLoader and bypass do not run."""
+    if scenario in REGION_COUNTS:
+        return contender not in ("loraloader", "bypass")
+    return contender != "couple"
+
+
+def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict, run: dict | None = None,
+              ratios: dict | None = None) -> str:
     """The final JSON line. ``medians[scenario][contender]`` is seconds or None (missing = None);
     ``rss_over_plain_mb[scenario][contender]`` likewise; ``lora_files_mb[scenario]`` is a float;
-    ``run`` holds RUN_KEYS (what was measured where), null where missing."""
+    ``run`` holds RUN_KEYS (what was measured where), null where missing; ``ratios[scenario][contender]``
+    the paired ratio over nohook (``paired``), kept where not None as ``x_plain_paired``."""
     def r(value, digits):
         return None if value is None else round(float(value), digits)
 
@@ -117,8 +144,10 @@ def json_line(medians: dict, rss_over_plain_mb: dict, lora_files_mb: dict, run: 
             "nohook_s": r(m.get("nohook"), 4),
             "loraloader_s": r(m.get("loraloader"), 4),
             "bypass_s": r(m.get("bypass"), 4),
+            "couple_s": r(m.get("couple"), 4),
             "patchbay_rss_mb_over_plain": r(rss_over_plain_mb.get(name, {}).get("patchbay"), 2),
             "lora_files_mb": r(lora_files_mb.get(name), 3),
+            "x_plain_paired": {c: r(x, 3) for c, x in (ratios or {}).get(name, {}).items() if x is not None},
         }
     assert all(tuple(figures) == JSON_KEYS for figures in scenarios.values())
     header = {key: (run or {}).get(key) for key in RUN_KEYS}
@@ -156,6 +185,7 @@ class Bench:
         self.left, self.right = inputs.prompts["left"], inputs.prompts["right"]
         self.fast_model, _clip = n["PatchbayHookEngine"]().enable(self.model, 2048.0)
         self.meter = bench_memory.RunMeter(setup.device)
+        self.compiled = False
 
     def latent(self, side: int):
         if self.setup.spec.video:  # what a video model's empty-latent node gives: [1, C, T, H, W]
@@ -168,6 +198,36 @@ class Bench:
         left = self.torch.zeros((1, side * 8, side * 8))
         left[:, :, : side * 4] = 1.0
         return left, 1.0 - left
+
+    def stripes(self, side: int, count: int) -> list:
+        """``count`` vertical stripes of the image, [1, H, W] each, covering it."""
+        edges = [round(i * side * 8 / count) for i in range(count + 1)]
+        out = []
+        for start, stop in zip(edges, edges[1:], strict=False):
+            mask = self.torch.zeros((1, side * 8, side * 8))
+            mask[:, :, start:stop] = 1.0
+            out.append(mask)
+        return out
+
+    def region_hooks(self, scenario: str) -> list:
+        """One core LoRA hook (CreateHookLora, strength 1) per region of a regions_N_loras scenario."""
+        return [self.n["CreateHookLora"]().create_hook(lora, 1.0, 1.0)[0]
+                for lora in scenario_loras(scenario, self.loras)]
+
+    def region_parts(self, scenario: str, side: int) -> list[tuple]:
+        """(prompt, stripe mask, LoRA hooks) per region of a regions_N_loras scenario (prompts alternate)."""
+        count = REGION_COUNTS[scenario]
+        prompts = [(self.left, self.right)[i % 2] for i in range(count)]
+        return list(zip(prompts, self.stripes(side, count), self.region_hooks(scenario), strict=True))
+
+    def _stripe_regions(self, scenario: str, side: int):
+        """regions_N_loras as core builds it: each stripe's prompt with its mask and LoRA hook, combined."""
+        props, combine = self.n["ConditioningSetProperties"](), self.n["ConditioningCombine"]()
+        combined = None
+        for cond, mask, hooks in self.region_parts(scenario, side):
+            (cond,) = props.set_properties(cond, 1.0, "default", mask=mask, hooks=hooks)
+            combined = cond if combined is None else combine.combine(combined, cond)[0]
+        return combined
 
     def sample(self, inputs, latent, seed: int):
         model, positive, negative = inputs
@@ -215,6 +275,8 @@ class Bench:
     def core(self, scenario: str, side: int):
         n = self.n
         lora_a, lora_b = self.loras
+        if scenario in REGION_COUNTS:
+            return self.model, self._stripe_regions(scenario, side), self.negative
         if scenario == "regional_two_loras":
             (hooks_a,) = n["CreateHookLora"]().create_hook(lora_a, 1.0, 1.0)
             (hooks_b,) = n["CreateHookLora"]().create_hook(lora_b, 1.0, 1.0)
@@ -231,6 +293,22 @@ class Bench:
         """The core workflow, its MODEL through Fast Hooks (made once, as a cached node output is)."""
         _model, positive, negative = self.core(scenario, side)
         return self.fast_model, positive, negative
+
+    def couple(self, scenario: str, side: int):
+        """hooks/couple.attention_couple, the library call of Attention Couple (Patchbay), on the Fast Hooks
+        model: the plain positive as the base prompt (no position is left to it), the stripes as regions."""
+        import importlib
+
+        pack = self.n["PatchbayAttentionCouple"].__module__.rsplit(".nodes.", 1)[0]
+        lib = importlib.import_module(pack + ".hooks.couple")
+        if self.compiled:
+            raise NotImplementedContender("attention couple: region LoRAs do not run on a compiled model")
+        regions = [lib.CoupleRegion(*part) for part in self.region_parts(scenario, side)]
+        try:
+            model, positive = lib.attention_couple(self.fast_model, self.positive, regions)
+        except lib.CoupleError as error:
+            raise NotImplementedContender(f"attention couple: {error}") from None
+        return model, positive, self.negative
 
     def run_once(self, contender: str, scenario: str, side: int, seeds=(1, 2)) -> tuple[float, float]:
         """Time one KSampler call (seed_rerun: the second seed) and measure the peak memory over the
@@ -265,17 +343,17 @@ def measure(bench: Bench, rounds: int, sizes: tuple[int, ...], scenarios: tuple[
     keys = [(s, side, c) for side in sizes for s in scenarios for c in contenders]
     times: dict = {k: [] for k in keys}
     peaks: dict = {k: [] for k in keys}
-    missing: set = set()
+    missing: set = set()  # (scenario, contender) pairs that cannot run
     for rnd in range(rounds + 1):  # round 0 is an untimed warm-up
         order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]  # no fixed position
         for scenario, side, contender in [(s, side, c) for side in sizes for s in scenarios for c in order]:
-            if contender in missing:
+            if (scenario, contender) in missing or not applies(scenario, contender):
                 continue
             try:
                 elapsed, peak = bench.run_once(contender, scenario, side, seeds=(1 + 2 * rnd, 2 + 2 * rnd))
             except NotImplementedContender as exc:
-                print(f"{contender}: {exc}", file=sys.stderr)
-                missing.add(contender)
+                print(f"{contender} ({scenario}): {exc}", file=sys.stderr)
+                missing.add((scenario, contender))
                 continue
             if rnd:
                 times[(scenario, side, contender)].append(elapsed)
@@ -307,10 +385,11 @@ def print_times(times: dict, setup: RunSetup, sizes: tuple[int, ...], rounds: in
     for scenario in scenarios:
         for side in sizes:
             plain, core = med[(scenario, side, "nohook")], med.get((scenario, side, "core"))
-            for contender in contenders:
+            for contender in (c for c in contenders if applies(scenario, c)):
                 m = med[(scenario, side, contender)]
                 x_core = "-" if core is None or m is None else f"{m / core:.2f}"
-                row = (f"{'-':>9} {'-':>8}  {NOT_AVAILABLE}" if m is None
+                why = NOT_AVAILABLE if contender == "bypass" else NOT_RUN
+                row = (f"{'-':>9} {'-':>8}  {why}" if m is None
                        else f"{m:>9.4f} {m / plain:>8.2f} {x_core:>7} "
                             f"{paired(times, scenario, side, contender):>15.2f}")
                 print(f"{scenario:<20} {side}x{side:<5} {contender:<11} {row}")
@@ -330,9 +409,19 @@ def print_targets(times: dict, side: int, over: dict, targets: Targets = ARCHES[
     print(f"\ntargets ({side}x{side}):")
     done = {s for s in SCENARIOS if ran(s, "patchbay")}
     for scenario in SCENARIOS:
-        if scenario in done:
+        if scenario in done and scenario not in REGION_COUNTS:
             print(f"  {scenario:<20} patchbay / plain {ratio(scenario, 'patchbay', 'nohook')} "
                   f"(target <= {targets.plain:.2f})")
+    for scenario, count in REGION_COUNTS.items():
+        if not ran(scenario, "couple"):
+            continue
+        limit = bench_models.COUPLE_TARGETS.get(count)
+        print(f"  {scenario:<20} couple / plain {ratio(scenario, 'couple', 'nohook')}"
+              + ("" if limit is None else f" (target <= {limit:.2f})"))
+        for rows in ("patchbay", "core"):
+            if ran(scenario, rows):
+                print(f"  {scenario:<20} {rows} (rows) / couple {ratio(scenario, rows, 'couple')} "
+                      "(target > 1)")
     if "regional_two_loras" in done and ran("regional_two_loras", "core"):
         print(f"  regional speed-up over core {ratio('regional_two_loras', 'core', 'patchbay')} "
               f"(target >= {targets.regional:.1f}; no engine can beat the same regions without hooks, so the "
@@ -350,6 +439,9 @@ def print_targets(times: dict, side: int, over: dict, targets: Targets = ARCHES[
 
 def probe(setup: RunSetup, scenario: str, contender: str, side: int) -> None:
     """Subprocess body: one warm-up run, then the peak RSS of a second run over the RSS before it."""
+    if not applies(scenario, contender):
+        print(json.dumps({"probe": [scenario, contender], "peak_mb": None}))
+        return
     bench = Bench(init_comfy(setup.device), setup)
     bench.run_once(contender, scenario, side)  # first-use allocations (kernels, caches) happen here
     _elapsed, peak_mb = bench.run_once(contender, scenario, side, seeds=(3, 4))
@@ -394,6 +486,7 @@ def compile_models(bench: Bench) -> None:
     warm-up round compiles every graph (core's, the hooked ones, each batch and latent size)."""
     bench.model = bench.n["TorchCompileModel"].execute(bench.model, "inductor")[0]
     bench.fast_model, _clip = bench.n["PatchbayHookEngine"]().enable(bench.model, 2048.0)
+    bench.compiled = True
     print("--compile: every contender samples the TorchCompileModel (inductor) model; no memory probes",
           file=sys.stderr)
 
@@ -484,11 +577,12 @@ def main(argv=None) -> int:
     if side != setup.spec.sizes[-1]:
         print(f"(the JSON line carries {side}x{side} figures, not the arch's {setup.spec.sizes[-1]})")
     medians = {s: {c: _median(times[(s, side, c)]) for c in contenders} for s in scenarios}
+    ratios = {s: {c: paired(times, s, side, c) for c in contenders if c != "nohook"} for s in scenarios}
     targets = setup.spec.targets
     if opts.compile:  # issue 18 item 3: hooked compiled <= 1.10x compiled plain, whatever the arch
         targets = dataclasses.replace(targets, plain=COMPILE_PLAIN_TARGET)
     print_targets(times, side, over, targets, files_mb)
-    print(json_line(medians, over, files_mb, run_info(setup, opts.memory, opts.compile)))
+    print(json_line(medians, over, files_mb, run_info(setup, opts.memory, opts.compile), ratios))
     return 0
 
 

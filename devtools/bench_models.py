@@ -132,8 +132,12 @@ class ArchSpec:
         return tuple(f"patchbay-bench-{self.name}-lora-{v}-r{RANK}-{CACHE_TAG}.safetensors" for v in "ab")
 
 
-ALL_SCENARIOS = ("positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun")
-ALL_CONTENDERS = ("nohook", "loraloader", "bypass", "core", "patchbay")
+ISSUE_4_SCENARIOS = ("positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun")
+# issue 34 item 3: N vertical stripes, a LoRA each, sampled by attention couple (one row) and by rows
+REGION_COUNTS = {"regions_2_loras": 2, "regions_4_loras": 4, "regions_8_loras": 8}
+ALL_SCENARIOS = (*ISSUE_4_SCENARIOS, *REGION_COUNTS)
+ALL_CONTENDERS = ("nohook", "loraloader", "bypass", "core", "patchbay", "couple")
+COUPLE_TARGETS = {4: 1.15, 8: 1.30}  # attention couple / plain, by region count (issue 34 item 3)
 ISSUE_18 = Targets(plain=1.05, regional=2.0, rerun=1.05)
 ARCHES = {
     "tiny": ArchSpec(
@@ -161,7 +165,7 @@ ARCHES = {
     "wan-full": ArchSpec(
         "wan-full", f"Wan 2.1 14B width, {WAN14B_BLOCKS} of its 40 blocks (fp16), rank-32 LoRAs",
         model_class="WAN21_T2V", unet=WAN14B, lora_names="ldm", sizes=(16,), steps=4, rounds=3,
-        scenarios=ALL_SCENARIOS, contenders=ALL_CONTENDERS, targets=ISSUE_18, prompts="wan",
+        scenarios=ISSUE_4_SCENARIOS, contenders=ALL_CONTENDERS[:-1], targets=ISSUE_18, prompts="wan",
         expected_params=935_508_032, lora_targets=WAN_LORA_TARGETS, video=(16, 1)),
 }
 

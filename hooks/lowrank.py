@@ -194,10 +194,9 @@ class ModuleDeltas:
                       alpha: float, weight: torch.Tensor | None = None) -> None:
         down, up = self._factors(d, x.device, x.dtype)
         h = self._op(module, x, down, spatial=True)
-        if weight is not None:  # the delta per token times its weight
-            y.add_((h @ up if self.kind == "linear" else self._op(module, h, up, spatial=False)) * weight,
-                   alpha=alpha)
-        elif self.kind == "linear" and y.dtype == h.dtype and y.is_contiguous():
+        if weight is not None:  # the delta per token times its weight: weigh h (rank wide), not h B^T
+            h = h * weight.to(h.dtype)
+        if self.kind == "linear" and y.dtype == h.dtype and y.is_contiguous():
             flat = y.view(-1, y.shape[-1])
             flat.addmm_(h.reshape(-1, h.shape[-1]), up, alpha=alpha)
         elif self.kind == "linear":

@@ -15,6 +15,7 @@ from . import (
     hook_preview,
     hook_regional,
     hooks,
+    lora_stacker,
     merge_grid,
     merge_hook,
     merge_inputs,
@@ -25,9 +26,9 @@ from . import (
     search_terms,
 )
 
-_MODULES = (floats, hooks, hook_lora, hook_blocks, hook_keyframes, hook_regional, attention_couple,
-            hook_preview, patcher, merge_inputs, merge_methods, merge_recipes, merge_outputs, merge_grid,
-            merge_hook)
+_MODULES = (floats, hooks, hook_lora, lora_stacker, hook_blocks, hook_keyframes, hook_regional,
+            attention_couple, hook_preview, patcher, merge_inputs, merge_methods, merge_recipes,
+            merge_outputs, merge_grid, merge_hook)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -24,6 +24,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "PatchbayHookModelAsLora": ("model as lora", "checkpoint as hook", "model hook"),
     "PatchbayHookLoraStack": ("lora stack hook", "multiple lora hooks"),
     "PatchbayLoraStackHooks": ("lora stack to hooks", "lora stack hook"),
+    "PatchbayLoraStacker": ("lora stack", "lora stacker", "multiple loras", "lora list"),
     "PatchbayHookBlockWeights": ("block weight", "lora block weight", "lbw", "lora blocks"),
     "PatchbayPromptLora": ("lora tags", "prompt lora", "a1111 lora", "lora in prompt"),
     # schedules

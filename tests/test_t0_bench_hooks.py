@@ -1,6 +1,7 @@
 """T0: the hooks benchmark (devtools/bench_hooks.py, bench_models.py, bench_memory.py): the final JSON
-line has exactly issues 4 and 18's keys, the options resolve to each arch's defaults, the memory
-arithmetic and the printed targets follow the arch. Nothing here is timed or imports ComfyUI."""
+line has exactly issues 4, 18 and 34's keys, the options resolve to each arch's defaults, the memory
+arithmetic and the printed targets follow the arch, the region scenarios (issue 34 item 3) run only the
+contenders that apply. Nothing here is timed or imports ComfyUI."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 
 pytestmark = pytest.mark.t0
 
-KEYS = {"patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "patchbay_rss_mb_over_plain",
-        "lora_files_mb"}
+KEYS = {"patchbay_s", "core_s", "nohook_s", "loraloader_s", "bypass_s", "couple_s",
+        "patchbay_rss_mb_over_plain", "lora_files_mb", "x_plain_paired"}
 RUN = {"arch": "sd15-full", "device": "cpu", "steps": 10, "compile": False, "comfyui": "0.33.0",
        "memory": "peak_rss"}
-SCENARIOS = {"positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun"}
+ISSUE_4 = {"positive_lora", "scheduled_lora", "regional_two_loras", "seed_rerun"}
+REGIONS = {"regions_2_loras", "regions_4_loras", "regions_8_loras"}
+SCENARIOS = ISSUE_4 | REGIONS
 
 
 def test_json_line_has_the_required_keys_and_nulls_for_a_missing_contender():
@@ -38,6 +41,11 @@ def test_json_line_has_the_required_keys_and_nulls_for_a_missing_contender():
     assert data["scenarios"]["positive_lora"]["core_s"] == 1.5
     assert data["scenarios"]["positive_lora"]["bypass_s"] == 1.2346
     assert data["scenarios"]["scheduled_lora"]["bypass_s"] is None
+    assert all(figures["x_plain_paired"] == {} for figures in data["scenarios"].values())
+    medians["regions_8_loras"]["couple"] = 1.25
+    ratios = {"regions_8_loras": {"couple": 1.23456, "core": None}}
+    regions = json.loads(bench_hooks.json_line(medians, rss, {}, RUN, ratios))["scenarios"]["regions_8_loras"]
+    assert regions["couple_s"] == 1.25 and regions["x_plain_paired"] == {"couple": 1.235}
     no_run = json.loads(bench_hooks.json_line(medians, rss, {}))  # what was measured where: null if unknown
     assert all(no_run[key] is None for key in RUN)
 
@@ -60,6 +68,8 @@ def test_scenario_and_size_options_parse_to_the_benchmark_order_and_name_bad_val
 
     parse = bench_hooks._scenarios
     assert parse("seed_rerun, regional_two_loras,seed_rerun") == ("regional_two_loras", "seed_rerun")
+    assert parse("regions_8_loras,regions_2_loras") == ("regions_2_loras", "regions_8_loras")
+    assert bench_hooks._contenders("couple,core") == ("core", "couple")
     with pytest.raises(argparse.ArgumentTypeError, match="regional.*choose from positive_lora"):
         parse("regional")
     assert bench_hooks._sizes("16,8,16") == (8, 16)
@@ -80,6 +90,27 @@ def test_targets_print_only_the_scenarios_that_ran(capsys):
     assert "positive_lora" not in out and "seed_rerun" not in out
 
 
+def test_region_scenarios_run_the_couple_and_the_rows_against_plain_and_print_issue_34s_targets(capsys):
+    import bench_hooks
+
+    ran = {s: [c for c in bench_hooks.CONTENDERS if bench_hooks.applies(s, c)] for s in SCENARIOS}
+    assert all(ran[s] == ["nohook", "core", "patchbay", "couple"] for s in REGIONS)
+    assert all("couple" not in ran[s] and "loraloader" in ran[s] for s in ISSUE_4)
+    loras = ("a.safetensors", "b.safetensors")
+    assert bench_hooks.scenario_loras("regions_4_loras", loras) == ["a.safetensors", "b.safetensors"] * 2
+    assert len(bench_hooks.scenario_loras("regions_8_loras", loras)) == 8
+    times = {("regions_4_loras", 16, c): [t] for c, t in
+             (("nohook", 1.0), ("core", 4.0), ("patchbay", 2.0), ("couple", 1.25))}
+    times.update({("regions_8_loras", 16, c): [t] for c, t in (("nohook", 1.0), ("couple", 1.2))})
+    bench_hooks.print_targets(times, 16, {})
+    out = capsys.readouterr().out
+    assert "regions_4_loras      couple / plain 1.25 (paired 1.25) (target <= 1.15)" in out
+    assert "regions_4_loras      patchbay (rows) / couple 1.60 (paired 1.60) (target > 1)" in out
+    assert "regions_4_loras      core (rows) / couple 3.20 (paired 3.20) (target > 1)" in out
+    assert "regions_8_loras      couple / plain 1.20 (paired 1.20) (target <= 1.30)" in out
+    assert "regions_8_loras      patchbay" not in out and "patchbay / plain" not in out
+
+
 def test_each_arch_resolves_to_its_defaults_and_quick_to_one_round_of_its_smallest_latent():
     import bench_hooks
 
@@ -87,6 +118,7 @@ def test_each_arch_resolves_to_its_defaults_and_quick_to_one_round_of_its_smalle
     assert (tiny.setup.spec.name, tiny.setup.device, tiny.setup.steps) == ("tiny", "cpu", 10)
     assert (tiny.rounds, tiny.sizes, tiny.json_side) == (5, (8, 16), 16)
     assert set(tiny.scenarios) == SCENARIOS and tiny.contenders == bench_hooks.CONTENDERS
+    assert "couple" in tiny.contenders
     sd15 = bench_hooks.parse_options(["--arch", "sd15-full"])
     assert (sd15.setup.steps, sd15.rounds, sd15.sizes, sd15.json_side) == (10, 5, (16,), 16)
     assert "bypass" in sd15.contenders and set(sd15.scenarios) == SCENARIOS
@@ -130,6 +162,7 @@ def test_archs_name_known_scenarios_and_contenders_and_generate_into_the_ignored
 
     for spec in bench_models.ARCHES.values():
         assert set(spec.scenarios) <= SCENARIOS and spec.contenders[0] == "nohook"
+        assert set(spec.scenarios) >= REGIONS or not REGIONS & set(spec.scenarios)  # all three or none
         assert {"core", "patchbay"} <= set(spec.contenders) <= set(bench_hooks.CONTENDERS)
         assert len(set(spec.lora_files())) == 2
         for path in bench_models.lora_paths(spec):

@@ -85,7 +85,7 @@ def test_every_node_documents_itself(comfy):
 # a workflow uses, or that no longer exists, fails the test below. LoRA Stack to Hooks gets its workflow (a
 # LORA_STACK source scheduled as hooks) with issue 34's bundled workflows; T1: test_t1_hook_nodes.
 # PatchbayAttentionCouple: its workflow (four characters, four LoRAs) comes with issue 34 item 6
-NOT_YET_IN_A_WORKFLOW = {"PatchbayMergeBlockWeightsFlux", "PatchbayLoraStackHooks", "PatchbayAttentionCouple"}
+NOT_YET_IN_A_WORKFLOW = {"PatchbayMergeBlockWeightsFlux"}
 
 
 def test_every_node_is_used_by_a_bundled_workflow(comfy):
