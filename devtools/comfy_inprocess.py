@@ -34,6 +34,7 @@ def start_comfy(output_dir: Path | None = None, cpu: bool = True) -> types.Modul
     folder_paths.add_model_folder_path("loras", str(base / "loras"), is_default=True)
     folder_paths.add_model_folder_path("diffusion_models", str(base / "diffusion_models"), is_default=True)
     folder_paths.add_model_folder_path("controlnet", str(base / "controlnet"), is_default=True)
+    folder_paths.add_model_folder_path("vae", str(base / "vae"), is_default=True)
     if output_dir is not None:
         folder_paths.set_output_directory(str(output_dir))
     import nodes

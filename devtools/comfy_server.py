@@ -200,6 +200,7 @@ class ComfyServer:
             "loras": models / "loras",
             "diffusion_models": models / "diffusion_models",
             "controlnet": models / "controlnet",
+            "vae": models / "vae",
             "custom_nodes": custom_nodes,
         }
         # A JSON string is a valid YAML double-quoted scalar, whatever the path holds.

@@ -23,6 +23,7 @@ from pathlib import Path
 import devpaths
 import tiny_models
 from comfy_server import ComfyServer, RunResult, free_port
+from stand_ins import PACKS, replace_text_encoders
 from workflow_api import WorkflowConversionError, workflow_to_prompt
 
 
@@ -42,6 +43,7 @@ def run_workflow(server: ComfyServer, path: Path, object_info: dict, frontend: s
     """Convert one UI-format workflow and run it; conversion errors and missing files fail the row."""
     try:
         prompt = workflow_to_prompt(json.loads(path.read_text()), object_info, frontend=frontend)
+        prompt = replace_text_encoders(prompt)  # a text encoder that cannot be tiny (Wan's umT5-XXL)
     except (WorkflowConversionError, ValueError) as err:
         return RunResult(0.0, [], False, f"conversion failed: {err}")
     result = server.run(prompt)
@@ -82,7 +84,7 @@ def demo() -> int:
     log = output / "logs" / f"demo-comfyui-{devpaths.comfyui_version()}.log"
     version = devpaths.comfyui_version()
     print(f"starting ComfyUI {version} (log: {_short(log, devpaths.ROOT)}) ...", flush=True)
-    with ComfyServer(output, log_path=log) as server:
+    with ComfyServer(output, log_path=log, extra_packs=PACKS) as server:
         object_info, frontend = server.object_info(), server.frontend_version()
         rows = []
         for path in workflows:

@@ -15,6 +15,8 @@ No weights can be downloaded where the tests run, so tests and demos use these i
 - ``diffusion_models/*-fp8{mixed,scaled}.safetensors``: the same UNet in ComfyUI's own fp8 formats
   (devtools/tiny_quant.py).
 - ``controlnet/``: a tiny SD1.5 ControlNet for these checkpoints, made by devtools/tiny_controlnet.py.
+- ``vae/``, more ``diffusion_models/`` and ``loras/``: Wan 2.2 14B's two experts, two Wan LoRAs and a
+  Wan 2.1 VAE for the two-stage workflow, made by devtools/tiny_wan.py.
 
 Key names and shapes come from ComfyUI's own classes built on the ``meta`` device, and LoRA module
 names from ``comfy.lora``'s key maps. Weights are uniform with a fan-in-scaled std (norms 1,
@@ -109,6 +111,7 @@ class TinyModels:
     loras: dict[str, Path]
     diffusion_models: dict[str, Path] = field(default_factory=dict)
     controlnet: dict[str, Path] = field(default_factory=dict)
+    vae: dict[str, Path] = field(default_factory=dict)
 
 
 def checkpoint_rel(variant: str) -> str:
@@ -124,11 +127,12 @@ def all_rels() -> list[str]:
     import tiny_controlnet
     import tiny_gguf
     import tiny_quant
+    import tiny_wan
 
     sd15 = [checkpoint_rel(v) for v in CHECKPOINT_VARIANTS] + [lora_rel(s) for s in LORAS]
     # GGUF and quantized last: made from the others
     made_from = tiny_gguf.all_rels() + tiny_quant.all_rels()
-    return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + made_from
+    return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + tiny_wan.all_rels() + made_from
 
 
 def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
@@ -471,17 +475,19 @@ def _write(out_dir: Path, rel: str, builder) -> str:
 
 def _builder(rel: str, made: dict[str, object]):
     """ComfyArch for the SD1.5 files, tiny_arch.ArchModels for SDXL and Flux, tiny_controlnet's for the
-    ControlNet, tiny_gguf.GgufModels for the GGUF files, tiny_quant.QuantModels for ComfyUI's quantized
-    ones; each made once, when needed."""
+    ControlNet, tiny_wan.WanModels for the Wan 2.2 files, tiny_gguf.GgufModels for the GGUF files,
+    tiny_quant.QuantModels for ComfyUI's quantized ones; each made once, when needed."""
     import tiny_arch
     import tiny_controlnet
     import tiny_gguf
     import tiny_quant
+    import tiny_wan
 
     kinds = {"gguf": (tiny_gguf.all_rels(), tiny_gguf.GgufModels),
              "quant": (tiny_quant.all_rels(), tiny_quant.QuantModels),
              "arch": (tiny_arch.all_rels(), tiny_arch.ArchModels),
-             "controlnet": (tiny_controlnet.all_rels(), tiny_controlnet.ControlNetModels)}
+             "controlnet": (tiny_controlnet.all_rels(), tiny_controlnet.ControlNetModels),
+             "wan": (tiny_wan.all_rels(), tiny_wan.WanModels)}
     kind = next((name for name, (rels, _) in kinds.items() if rel in rels), "sd15")
     if kind not in made:
         made[kind] = kinds[kind][1]() if kind in kinds else ComfyArch()

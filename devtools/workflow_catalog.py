@@ -83,15 +83,25 @@ CATALOG: dict[str, Template] = {
     "regional_lora_four_regions": _t("Regions", "Four regions, 4 LoRA formats",
                                      "Four quadrants, each its own prompt and LoRA format (LoRA, LoCon, "
                                      "LoHa, LoKr).", "four regions", "lora"),
+    "attention_couple_four_characters": _t("Regions", "Attention couple, 4 LoRAs",
+                                           "Four characters in one batch row, each its prompt and LoRA "
+                                           "inside its stripe.", "attention couple", "lora"),
     "regional_two_characters_core_hooks": _t("Regions", "Core hooks made fast",
                                              "Two characters with core's hook nodes, made fast by one Fast "
                                              "Hooks node.", "core hooks", "fast"),
     "prompt_lora_tags": _t("Hooks", "LoRA tags in the prompt",
                            "A prompt with A1111 <lora:name:0.8> and scheduled <lora:name:0@0,1@0.5> tags.",
                            "lora tags", "prompt"),
+    "lora_stack_scheduled_hooks": _t("Hooks", "LoRA stack, scheduled hooks",
+                                     "A LORA_STACK turned into hooks, two of them scheduled, on the "
+                                     "positive prompt.", "lora stack", "hooks"),
     "lora_block_weights_hook": _t("Hooks", "LoRA block weights",
                                   "A LoRA hook kept out of the output blocks (OUT*=0), switched on at 40%.",
                                   "block weights", "lora"),
+    "wan22_two_stage_lora": _t("Hooks", "Wan 2.2, LoRA on high noise",
+                               "Wan 2.2 14B's two samplers: a LoRA on the high-noise stage only, a style "
+                               "LoRA scheduled by sigma across both.",
+                               "wan", "high noise", "lora"),
     "patch_order_lora": _t("Hooks", "Patch order of a LoRA",
                            "A LoRA on a model with Patchbay's per-model patch order (weight_patch_first).",
                            "patch order", "lora"),

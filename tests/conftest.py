@@ -260,19 +260,21 @@ def comfy_server(models):
     """ComfyUI in a subprocess with this pack loaded (devtools/comfy_server.py), shared by T2 and T3.
 
     The real AnimateDiff-Evolved and Advanced-ControlNet are loaded next to it, as the vendor folder
-    pins them for this ComfyUI version (devtools/vendor_packs.py). Images go to output/, the server
-    log to output/logs/test-comfyui-<version>.log; the frontend settings keep first-run popups out of
-    the browser tests' way.
+    pins them for this ComfyUI version (devtools/vendor_packs.py), and the test-only stand-in nodes
+    (devtools/stand_ins.py: conditioning for a text encoder that cannot be tiny). Images go to
+    output/, the server log to output/logs/test-comfyui-<version>.log; the frontend settings keep
+    first-run popups out of the browser tests' way.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
+    from stand_ins import PACKS
     from vendor_packs import ensure_packs
 
     output = devpaths.output_dir()
     version = devpaths.comfyui_version()
     log = output / "logs" / f"test-comfyui-{version}.log"
     with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
-                     extra_packs=ensure_packs(version)) as server:
+                     extra_packs={**ensure_packs(version), **PACKS}) as server:
         yield server
 
 

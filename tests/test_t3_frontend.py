@@ -16,6 +16,7 @@ import devpaths
 import pytest
 import workflow_api as wa
 import workflow_catalog
+from stand_ins import absent_text_encoders
 from vendor_packs import packs_for
 
 pytestmark = pytest.mark.t3
@@ -94,9 +95,11 @@ READABLE_ZOOM = 0.6
 LARGE_WORKFLOWS = {  # by source name (devtools/workflow_sources); the bundled file is named by its title
     "regional_two_characters_core_hooks": 0.45,  # core's ten-node chain, shown for comparison
     "regional_lora_four_regions": 0.53,  # five prompts and four masks
+    "attention_couple_four_characters": 0.42,  # Attention Couple's 8 region slots: one node 1300 tall
     "lora_block_weights_hook": 0.57,
     "merge_ties_three_models": 0.52,  # inputs, deltas, TIES, add_difference, Merge, sampler: 9 columns
     "recipe_hook_fade_in": 0.57,  # a three-node merge recipe before the hook chain: seven columns
+    "wan22_two_stage_lora": 0.55,  # two experts, two stages, two LoRA hooks, VAE: 20 nodes in eight columns
 }
 
 
@@ -130,7 +133,9 @@ def test_bundled_workflow_loads_cleanly(frontend, path):
     assert frontend.missing_node_types(workflow) == [], "node types unknown to the frontend"
     frontend.load_workflow(workflow, path.stem)
     assert frontend.error_messages() == [], f"{path.stem}: the frontend showed errors"
-    assert frontend.nodes_with_errors() == [], f"{path.stem}: nodes flagged with errors"
+    absent = absent_text_encoders(workflow)  # umT5-XXL: no tiny file (1.49.6 flags its loader as missing)
+    flagged = [node for node in frontend.nodes_with_errors() if str(node[0]) not in absent]
+    assert flagged == [], f"{path.stem}: nodes flagged with errors"
     assert frontend.evaluate("() => app.graph.nodes.length") == len(workflow["nodes"])
     folder = devpaths.output_dir() / "screenshots" / devpaths.comfyui_version()
     shot = frontend.screenshot_graph(folder / f"{path.stem}.png")
