@@ -11,10 +11,13 @@ state dicts. Nothing here changes its inputs: groups are combined into new ones,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import comfy.hooks
 import comfy.lora
+import comfy.utils
+
+from .plan import misfit_message, misfitting, split_key
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +83,10 @@ def check_lora_fits(lora: dict[str, torch.Tensor], name: str, model: ModelPatche
     if clip is not None:
         key_map = comfy.lora.model_lora_keys_clip(clip.cond_stage_model, key_map)
     loaded = comfy.lora.load_lora(lora, key_map, log_missing=False)
+    if loaded and model is not None:
+        unet = {k: v for k, v in loaded.items() if _names_unet(model.model, k)}
+        if misfits := misfitting(model.model, unet):
+            raise LoraMismatchError(misfit_message(f"LoRA {name!r}", misfits, len(loaded), model.model))
     if not loaded:
         sample = ", ".join(sorted(lora)[:3]) or "(the file holds no tensor)"
         arch = type(model.model).__name__ if model is not None else "this CLIP"
@@ -87,6 +94,14 @@ def check_lora_fits(lora: dict[str, torch.Tensor], name: str, model: ModelPatche
             f"LoRA {name!r}: none of its {len(lora)} keys (e.g. {sample}) matches a weight of the model "
             f"({arch}); it was made for another model architecture. Pick a LoRA trained for this model.")
     return len(loaded)
+
+
+def _names_unet(base: torch.nn.Module, key: Any) -> bool:
+    """A loaded patch key naming a tensor of the diffusion model ``base`` (not of the CLIP)."""
+    try:
+        return hasattr(comfy.utils.get_attr(base, split_key(key).key), "shape")
+    except AttributeError:
+        return False
 
 
 def set_clip_hooks(clip: CLIP, hooks: comfy.hooks.HookGroup, schedule_clip: bool = False) -> CLIP:

@@ -36,8 +36,8 @@ import torch
 from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
 from .quantized import kept_quantized
 
-__all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "WideningHookError", "build_modules", "dense_delta",
-           "dense_key", "load_hook_patches", "split_key"]
+__all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "ShapeMismatchError", "WideningHookError", "build_modules",
+           "dense_delta", "dense_key", "load_hook_patches", "misfit_message", "misfitting", "split_key"]
 
 # One hook's patches on one tensor: ((PatchKey, patch), ...), all with the same PatchKey.key.
 Parts = tuple[tuple["PatchKey", Any], ...]
@@ -103,6 +103,8 @@ def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
         patches = dict(hook.weights or {})
     # like core's add_hook_patches: keys the model does not have are ignored
     patches = {k: v for k, v in patches.items() if _has_tensor(model, split_key(k).key)}
+    if misfits := misfitting(model, patches):
+        raise ShapeMismatchError(misfit_message("this hook", misfits, len(patches), model))
     for k, v in patches.items():
         reshape = _reshape(v)
         shape = list(comfy.utils.get_attr(model, split_key(k).key).shape)
@@ -112,6 +114,66 @@ def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
                 "as Flux canny/depth) that changes the model's input, which a hook applied to some prompts "
                 "cannot do. Load it with LoraLoader (LoraLoaderModelOnly) instead of Create Hook LoRA.")
     return HookPatches(patches, _unsupported_reason(model, patches))
+
+
+class ShapeMismatchError(ValueError):
+    """Patches whose deltas have another shape than the weights they name: made for another model of the
+    same key names (Flux.1 and Flux.2, Wan 14B and 5B). ComfyUI skips such a patch with a log line; a
+    hook that silently does nothing is worse than an error."""
+
+
+def _delta_numel(patch: Any) -> tuple[int, int] | int | None:
+    """What a patch's delta covers: (rows, values per row) for LoRA/LoCon, a value count for LoHa, LoKr
+    and whole-tensor diffs, None where this is not known cheaply (other adapters, Tucker factors)."""
+    if isinstance(patch, comfy.weight_adapter.WeightAdapterBase):
+        w = patch.weights
+        if patch.name == "lora" and w[3] is None:
+            up, down = w[0], w[1]
+            return up.shape[0], down.flatten(1).shape[1]
+        if patch.name == "loha" and w[5] is None:
+            return w[0].shape[0] * w[1].flatten(1).shape[1]
+        if patch.name == "lokr" and w[7] is None:
+            first = w[0].numel() if w[0] is not None else w[3].shape[0] * w[4].flatten(1).shape[1]
+            second = w[1].numel() if w[1] is not None else w[5].shape[0] * w[6].flatten(1).shape[1]
+            return first * second
+        return None
+    if isinstance(patch, tuple) and len(patch) == 2 and patch[0] in ("diff", "model_as_lora"):
+        return patch[1][0].numel()
+    if isinstance(patch, tuple) and len(patch) == 1 and isinstance(patch[0], torch.Tensor):
+        return patch[0].numel()
+    return None
+
+
+def misfitting(model: torch.nn.Module, patches: dict) -> list[tuple[str, list[int], Any]]:
+    """(key, the weight's shape, what the delta covers) of each patch whose delta cannot have the shape
+    of the tensor it names (a widening control LoRA's ``reshape_weight`` is checked where it is read)."""
+    out = []
+    for k, v in patches.items():
+        if _reshape(v) is not None:
+            continue
+        pk = split_key(k)
+        key, shape = pk.key, [int(n) for n in comfy.utils.get_attr(model, pk.key).shape]
+        if pk.offset is not None:  # a slice of a fused weight (q of qkv): (dim, start, length)
+            dim, _start, length = pk.offset
+            shape[dim] = int(length)
+        covers = _delta_numel(v)
+        if isinstance(covers, tuple):
+            fits = covers == (shape[0], math.prod(shape[1:])) if shape else False
+        else:
+            fits = covers is None or covers == math.prod(shape)
+        if not fits:
+            out.append((key, shape, list(covers) if isinstance(covers, tuple) else covers))
+    return out
+
+
+def misfit_message(what: str, misfits: list, count: int, model: torch.nn.Module) -> str:
+    """The error for ``misfitting``'s list: the first keys with both shapes, and the fix."""
+    shown = "; ".join(f"{key} is {shape} in this model, the LoRA's delta covers {covers}"
+                      for key, shape, covers in misfits[:3])
+    return (f"{what}: {len(misfits)} of its {count} patched weights do not fit this model "
+            f"({type(model).__name__}) ({shown}); it was made for another model with the same key names "
+            f"(another family or size: Flux.1 vs Flux.2, Wan 14B vs 5B). ComfyUI's LoraLoader would skip "
+            f"them silently. Pick a LoRA trained for this model.")
 
 
 def _reshape(patch: Any) -> list[int] | None:

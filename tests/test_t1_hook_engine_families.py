@@ -1,4 +1,4 @@
-"""T1: Fast Hooks on the 2026 families: tiny Flux.2, SD3.5, Wan 2.1, Wan 2.2 5B, HunyuanVideo 1.5, LTX-Video.
+"""T1: Fast Hooks on the 2026 families: tiny Flux.2, SD3.5, Wan 2.1, 2.2 5B, HunyuanVideo 1.0, 1.5, LTX-Video.
 
 Each model is built in memory with ComfyUI's own classes and loaded by its real loader (detection
 included), each LoRA in the format its trainers write (devtools/tiny_dits.py; which families cannot be
@@ -19,6 +19,7 @@ Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): i
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import arch_sampling
@@ -177,3 +178,46 @@ def test_wan22_two_stages_with_a_lora_on_the_high_noise_model_only(engine, weigh
     assert_within(actual, expected, effect, "two stages: Fast Hooks vs LoraLoader")
     assert engine.hook_engine_of(fast_high).plans_built == plans + 1, "the engine did not plan the hook"
     assert (weights_digest(high), weights_digest(low)) == before
+
+
+# --- a LoRA of another family or size -----------------------------------------------------------------
+def _wider_wan() -> tiny_dits.Family:
+    """Wan 2.1 at twice the tiny width: its LoRA has Wan 2.2 5B's key names and other shapes, as a real
+    Wan 2.1 14B LoRA (5120 wide) has on Wan 2.2 5B (3072)."""
+    wan = tiny_dits.FAMILIES["wan21"]
+    return dataclasses.replace(wan, name="wan21", config={**wan.config, "dim": 256, "num_heads": 2,
+                                                         "ffn_dim": 512})
+
+
+def test_a_lora_of_another_size_is_refused_not_silently_skipped(comfy, dits, engine):
+    """Bad input (issue 31): LoraLoader skips each misfitting patch with a log line, so the LoRA does
+    nothing; Fast Hooks stops with an error naming the weight, both shapes and the fix, before a step
+    runs, and Patchbay's LoRA nodes refuse it when they load it."""
+    lora_hooks = sys.modules[comfy.pack.__name__ + ".hooks.lora_hooks"]
+    wide = _wider_wan()
+    lora = tiny_dits.lora(wide, tiny_dits.load(wide))
+    family, model, _ = dits.get("wan22_5b")
+    plain = sample(family, model)
+    assert torch.equal(sample(family, arch_sampling.load_lora(model, lora, STRENGTH)), plain)  # the no-op
+    message = r"do not fit this model \(WAN22\) \(diffusion_model\.blocks\.0\..* is \[.*\] in this model"
+    with pytest.raises(ValueError, match=message + r".*Pick a LoRA trained for this model"):
+        sample(family, engine.enable_hook_engine(model), hooks=arch_sampling.hook_lora(lora, STRENGTH))
+    with pytest.raises(lora_hooks.LoraMismatchError, match=message):
+        lora_hooks.check_lora_fits(lora, "wan21-wide.safetensors", model)
+    assert torch.equal(sample(family, model), plain), "the refused run changed the model"
+
+
+def _flux1_lora_on_flux2_is_refused(comfy, dits, engine):
+    """The tiny Flux.1's kohya LoRA (3072 wide) names Flux.2's blocks: refused, not a silent no-op."""
+    lora_hooks = sys.modules[comfy.pack.__name__ + ".hooks.lora_hooks"]
+    lora = arch_sampling.lora_state_dict("patchbay-flux-kohya-r8.safetensors")
+    family, model, _ = dits.get("flux2")
+    message = r"do not fit this model \(Flux2\) \(diffusion_model\.double_blocks\.0\."
+    with pytest.raises(lora_hooks.LoraMismatchError, match=message):
+        lora_hooks.check_lora_fits(lora, "patchbay-flux-kohya-r8.safetensors", model)
+    with pytest.raises(ValueError, match=message):
+        sample(family, engine.enable_hook_engine(model), hooks=arch_sampling.hook_lora(lora, STRENGTH))
+
+
+if "flux2" in FAMILIES:  # Flux.2 is built small on ComfyUI 0.33 only (module docstring)
+    test_a_flux1_lora_on_flux2_is_refused = _flux1_lora_on_flux2_is_refused
