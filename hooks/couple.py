@@ -6,11 +6,13 @@ the couple spends one row for all regions (docs/design-attention-couple.md). Dat
     attention_couple(model, base, regions, feather_px)
         masks -> feathered (regions.feather), normalised per position (overlaps share, the base prompt
                  takes the rest): weights [1 + R, H, W] at the masks' resolution, base first
-        positive cond: the prompts' tokens side by side [base | region 1 | ...] (one context), the
-                 regions' LoRA hooks, a pooled output mixed by area (SDXL)
-        model clone: Fast Hooks on, an attn2_replace patch on every UNet block, and
-                 transformer_options[TOKEN_WEIGHTS_KEY] (hooks/engine.py) for the region LoRAs
-    attn2 (positive rows, cond_or_uncond 0): out = sum_s w_s(pos) * attention(q, k_s, v_s) over the
+        positive cond: the base prompt's tokens (so core batches it with the negative), the regions'
+                 LoRA hooks, a pooled output mixed by area (SDXL); DiTs: [base | region 1 | ...]
+        model clone: Fast Hooks on, an attn2_patch (CoupleContext: the couple's rows get the full
+                 context [base | region 1 | ...], other rows their tokens tiled to its length), an
+                 attn2_replace patch on every UNet block, and transformer_options[TOKEN_WEIGHTS_KEY]
+                 (hooks/engine.py) for the region LoRAs
+    attn2 (the couple's rows): out = sum_s w_s(pos) * attention(q, k_s, v_s) over the
         segments s, w_s area-averaged to the block's grid; other rows attend as usual
     region LoRA r: y[t] += s_r * w_r(t) * delta(x)[t] on image tokens (convs: at their output grid);
         on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area mean
@@ -140,12 +142,85 @@ class _Segments:
     total: int
 
 
+# extra_options entries the attn2_patch (CoupleContext) leaves for the attn2_replace patch (CoupleAttention)
+_ROWS = "patchbay.couple.rows"  # per batch row: whether it is the couple's
+_OWN = "patchbay.couple.own_tokens"  # the batch's context length before the swap (other rows' tokens)
+
+
+class CoupleContext:
+    """The attn2_patch: the couple's rows get the full context [base | region 1 | ...], other rows their
+    own tokens tiled to the same length (attention over keys repeated a whole number of times is exact).
+
+    The couple's conditioning carries the base prompt's tokens only, so core batches it with the negative
+    as any plain prompt; its rows are the positive ones (cond_or_uncond 0) whose context is the base
+    prompt's tokens (tiled as core tiles them). Decided once per context tensor (one model call).
+    """
+
+    def __init__(self, base: torch.Tensor, full: torch.Tensor) -> None:
+        self.base = base  # [1, Lb, D]
+        self.full = full  # [1, total, D]
+        self._cast: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._last: tuple[Any, tuple, Any] | None = None
+
+    def __deepcopy__(self, memo: dict) -> CoupleContext:
+        return self  # not changed after construction but its caches; ModelPatcher.clone deep-copies patches
+
+    def _at(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (device, dtype)
+        if key not in self._cast:
+            self._cast[key] = (self.base.to(device, dtype), self.full.to(device, dtype))
+        return self._cast[key]
+
+    def __call__(self, n: torch.Tensor, context: torch.Tensor | None, value: torch.Tensor | None,
+                 extra_options: dict) -> tuple:
+        chunks = tuple(extra_options.get("cond_or_uncond", ()))
+        if context is None or context.ndim != 3 or 0 not in chunks:
+            return n, context, value
+        swapped = self._swap(context, chunks)
+        if swapped is None:
+            return n, context, value
+        new, rows = swapped
+        extra_options[_ROWS] = rows
+        extra_options[_OWN] = context.shape[1]
+        if value is context:
+            return n, new, new
+        other = self._swap(value, chunks) if value is not None and value.shape == context.shape else None
+        return n, new, value if other is None else other[0]
+
+    def _swap(self, context: torch.Tensor, chunks: tuple) -> tuple[torch.Tensor, tuple[bool, ...]] | None:
+        last = self._last
+        if last is not None and last[0]() is context and last[1] == chunks:
+            return last[2]
+        result = self._compute(context, chunks)
+        self._last = (weakref.ref(context), chunks, result)
+        return result
+
+    def _compute(self, context: torch.Tensor, chunks: tuple) -> tuple[torch.Tensor, tuple[bool, ...]] | None:
+        rows, length, _ = context.shape
+        base, full = self._at(context.device, context.dtype)
+        if rows % len(chunks) or length % base.shape[1]:
+            return None
+        per = rows // len(chunks)
+        positive = [i * per + j for i, c in enumerate(chunks) if c == 0 for j in range(per)]
+        tiled = base.repeat(1, length // base.shape[1], 1)
+        same = (context[positive] == tiled).flatten(1).all(1).tolist()  # one sync per model call
+        mine = {i for i, s in zip(positive, same, strict=True) if s}
+        if not mine:
+            return None
+        total = math.lcm(length, full.shape[1])
+        out = context.repeat(1, total // length, 1)
+        index = torch.tensor(sorted(mine), device=context.device)
+        out.index_copy_(0, index, full.repeat(1, total // full.shape[1], 1).expand(len(mine), -1, -1))
+        return out, tuple(i in mine for i in range(rows))
+
+
 class CoupleAttention:
-    """The attn2_replace patch: the positive rows attend each prompt separately and blend by weight."""
+    """The attn2_replace patch: the couple's rows attend each prompt separately and blend by weight."""
 
     def __init__(self, weights: CoupleWeights, segments: _Segments) -> None:
         self.weights = weights
         self.segments = segments
+        self._index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __deepcopy__(self, memo: dict) -> CoupleAttention:
         return self  # not changed after construction; ModelPatcher.clone deep-copies model_options
@@ -153,20 +228,28 @@ class CoupleAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  extra_options: dict) -> torch.Tensor:
         heads, precision = extra_options["n_heads"], extra_options.get("attn_precision")
-        chunks = list(extra_options.get("cond_or_uncond", ()))
-        couple = k.shape[1] % self.segments.total == 0 and 0 in chunks
-        if not couple:
+        rows = extra_options.get(_ROWS)
+        if rows is None or k.shape[1] % self.segments.total or len(rows) != q.shape[0]:
             return attention.optimized_attention(q, k, v, heads, attn_precision=precision)
         latent = extra_options["original_shape"][-2:]
-        if all(c == 0 for c in chunks):
+        if all(rows):
             return self._blend(q, k, v, heads, precision, latent)
-        per = q.shape[0] // len(chunks)
-        mine = torch.tensor([c == 0 for c in chunks], device=q.device).repeat_interleave(per)
+        own = extra_options[_OWN]  # other rows: their own tokens, tiled; one copy is exact and cheaper
+        mine, rest = self._rows(rows, q.device)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
-        rest = ~mine
-        out[rest] = attention.optimized_attention(q[rest], k[rest], v[rest], heads, attn_precision=precision)
-        out[mine] = self._blend(q[mine], k[mine], v[mine], heads, precision, latent)
+        out.index_copy_(0, rest, attention.optimized_attention(
+            q.index_select(0, rest), k.index_select(0, rest)[:, :own], v.index_select(0, rest)[:, :own],
+            heads, attn_precision=precision))
+        out.index_copy_(0, mine, self._blend(q.index_select(0, mine), k.index_select(0, mine),
+                                             v.index_select(0, mine), heads, precision, latent))
         return out
+
+    def _rows(self, rows: tuple[bool, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (rows, device)
+        if key not in self._index:
+            self._index[key] = (torch.tensor([i for i, r in enumerate(rows) if r], device=device),
+                                torch.tensor([i for i, r in enumerate(rows) if not r], device=device))
+        return self._index[key]
 
     def _blend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, precision: Any,
                latent: Sequence[int]) -> torch.Tensor:
@@ -271,21 +354,26 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
     extra.pop("hooks", None)
     if hooks:
         extra["hooks"] = combine(*hooks)
-    cond = [[torch.cat([t for t, _ in parts], dim=1), extra]]
+    full = torch.cat([t for t, _ in parts], dim=1)
     refs = {h.hook_ref: i for i, r in enumerate(regions, 1) if r.hooks is not None for h in r.hooks.hooks}
-    return _patched(model, weights, segments, refs), cond
-
-
-def _patched(model: ModelPatcher, weights: CoupleWeights, segments: _Segments, refs: dict) -> ModelPatcher:
     clone = enable_hook_engine(model)
-    unet = clone.get_model_object("diffusion_model")
-    if couple_dit.is_joint(unet):
+    if couple_dit.is_joint(clone.get_model_object("diffusion_model")):
         couple_dit.patch_joint(clone, weights, segments, refs)
-        return clone
+        return clone, [[full, extra]]
+    # UNets: the cond carries the base prompt's tokens (core batches it with the negative); the full
+    # context is swapped in per attention block by CoupleContext
+    _patch_unet(clone, weights, segments, refs, CoupleContext(parts[0][0], full))
+    return clone, [[parts[0][0], extra]]
+
+
+def _patch_unet(clone: ModelPatcher, weights: CoupleWeights, segments: _Segments, refs: dict,
+                context: CoupleContext) -> None:
+    unet = clone.get_model_object("diffusion_model")
     if not hasattr(unet, "input_blocks"):
         raise CoupleError(f"attention couple runs on SD1.5/SDXL UNets and Flux.1/Flux.2/SD3 DiTs; this "
                           f"model's {type(unet).__name__} is none of them: use Regional LoRA for it.")
     patch = CoupleAttention(weights, segments)
+    clone.set_model_attn2_patch(context)
     for name in _BLOCKS:
         count = 1 if name == "middle" else len(getattr(unet, f"{name}_blocks", ()))
         for number in range(count):
@@ -293,4 +381,3 @@ def _patched(model: ModelPatcher, weights: CoupleWeights, segments: _Segments, r
     text = weakref.WeakSet(m for n, m in unet.named_modules() if n.endswith(_TEXT_MODULES))
     options = clone.model_options.setdefault("transformer_options", {})
     options[TOKEN_WEIGHTS_KEY] = CoupleTokenWeights(weights, segments, refs, text)
-    return clone

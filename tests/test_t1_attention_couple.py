@@ -109,6 +109,49 @@ def test_two_regions_with_one_prompt_are_the_plain_prompt(rig):
     assert not torch.equal(two, rig.plain2())
 
 
+def _stripes(count):
+    """``count`` vertical stripes covering the 64x64 image."""
+    stripes = torch.zeros((count, 1, 64, 64))
+    for i in range(count):
+        stripes[i, :, :, i * 64 // count:(i + 1) * 64 // count] = 1.0
+    return stripes
+
+
+def test_four_regions_run_in_one_model_call_with_the_negative(rig):
+    """The couple's conditioning carries the base prompt's tokens, so core batches it with the negative
+    (a [base | 4 regions] context is 5x the negative's: core's can_concat refuses over 4x); the full
+    context is swapped in per block. Four same-prompt regions, each with its own LoRA hook, equal the
+    LoRA hook on the plain prompt."""
+    regions = [(rig.pos, stripe, rig.hook(LORA)) for stripe in _stripes(4)]
+    model, pos = rig.couple(regions)
+    assert pos[0][0].shape == rig.empty[0][0].shape
+    rows = []
+    unet = model.get_model_object("diffusion_model")
+    handle = unet.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+    try:
+        latent = rig.sample(model, pos, steps=STEPS)
+    finally:
+        handle.remove()
+    assert rows == [2] * STEPS  # one call per step: positive and negative rows together
+    hooks = rig.hook(LORA)
+    assert_close(latent, rig.sample(rig.fast(), rig.with_hooks(rig.pos, hooks), steps=STEPS),
+                 "four same-prompt regions with a LoRA each vs the LoRA hook on the plain prompt")
+
+
+def test_batch_of_two_latents_is_the_plain_prompt(rig):
+    (latent,) = rig.n["EmptyLatentImage"]().generate(64, 64, 2)
+    sampler = rig.n["KSampler"]()
+    model, pos = rig.couple([(rig.pos, rig.left), (rig.pos, 1.0 - rig.left)], base=rig.right)
+    (couple,) = sampler.sample(model, 7, STEPS, 7.0, "euler", "normal", pos, rig.neg, latent)
+    (plain,) = sampler.sample(rig.model, 7, STEPS, 7.0, "euler", "normal", rig.pos, rig.neg, latent)
+    assert_close(couple["samples"], plain["samples"], "two same-prompt regions, a batch of two latents")
+
+
+def test_couple_model_leaves_a_prompt_that_is_not_the_couples_alone(rig):
+    model, _ = rig.couple([(rig.right, rig.left), (rig.neg, 1.0 - rig.left)])
+    assert_close(rig.sample(model, rig.pos, steps=STEPS), rig.plain2(), "the couple's model, a plain prompt")
+
+
 def _layer_lora():
     """The LoRA's deltas on one attention layer only (to_q, to_k, to_v, to_out: down, up, alpha)."""
     one = {k: v for k, v in arch_sampling.lora_state_dict(LORA).items() if LAYER in k}
