@@ -86,21 +86,15 @@ class MergeCache:
 
     def put(self, key: Hashable, tensor: torch.Tensor) -> bool:
         """Keep ``tensor`` (not copied: the caller hands it over) if it fits; returns whether it was kept."""
-        nbytes = tensor.numel() * tensor.element_size()
-        with self._lock:
-            slot = ("result", key)
-            if slot in self._entries:
-                self._drop(slot)
-            if not self._evict(nbytes, keep_current=True):
-                return False
-            self._entries[slot] = _Entry(tensor, nbytes, self._run)
-            self._stats.bytes += nbytes
-            return True
+        return self._put(key, tensor, copy=False)
 
     def put_copy(self, key: Hashable, tensor: torch.Tensor) -> bool:
         """``put`` of a copy of ``tensor``, made only when it will be kept: a merge larger than the budget
         (an SD1.5 UNet in fp32 is 3.4 GB) would otherwise allocate, fill and free a copy of every key
         past the budget."""
+        return self._put(key, tensor, copy=True)
+
+    def _put(self, key: Hashable, tensor: torch.Tensor, copy: bool) -> bool:
         nbytes = tensor.numel() * tensor.element_size()
         with self._lock:
             slot = ("result", key)
@@ -108,7 +102,7 @@ class MergeCache:
                 self._drop(slot)
             if not self._evict(nbytes, keep_current=True):
                 return False
-            self._entries[slot] = _Entry(tensor.clone(), nbytes, self._run)
+            self._entries[slot] = _Entry(tensor.clone() if copy else tensor, nbytes, self._run)
             self._stats.bytes += nbytes
             return True
 
