@@ -16,7 +16,14 @@ Sizes detection fixes (ComfyUI 0.33 unless said):
 - SD3.5: hidden = 64 x depth, heads = depth, blocks = depth: 2 joint blocks, 128 wide, RMS q/k norm.
 - HunyuanVideo 1.5: heads = hidden / 128, so hidden 128; its SigLIP input stays 1152 wide (detection
   tells 1.5 from 1.0 by it); 65 input channels (noise, image latent and mask), as the real files.
+- HunyuanVideo 1.0: as 1.5 (heads = hidden / 128), with the 768-wide CLIP-L pooled input (vector_in,
+  which tells 1.0 from HunyuanImage 2.1) and guidance_in; 16 channels, patch [1, 2, 2]: 1.65 M parameters.
 - LTX-Video: 32 heads of to_k.shape[0] / 32, so 32 heads of 4 (128 wide); caption input 4096.
+Small, but not built here yet (each loads through ComfyUI's loader as its class, no key left over):
+- HunyuanImage 2.1: 128 wide, 9.0 M, 7.5 M of them its fixed 1472-to-2048 ByT5 mapper (both versions).
+- Cosmos Predict2: below 2048 wide the class keeps 16 heads, and 128 wide makes 8-wide heads that its
+  3-D RoPE divides by zero, so 256 wide: 2.7 M with one block on 0.33; 0.3.75 also keeps the class's 10
+  blocks there (22.8 M), so it would be ``newer_only``.
 
 Families that cannot be made small (README-ready; not built here, not parametrized):
 (parameters counted on ComfyUI 0.33's classes with one block or layer of each kind)
@@ -28,6 +35,15 @@ Families that cannot be made small (README-ready; not built here, not parametriz
   any other dim keeps NextDiT's 32 heads and axes summing to 128 (dim 4096). 427 M with one layer
   (the two noise and two context refiner layers are fixed).
 - Z-Image: detected by dim 3840 only (30 heads of 128): 909 M with one layer and the refiners.
+- HiDream-I1: detection fixes everything, 20 heads of 128 (2560 wide), 16 double and 32 single blocks
+  and the 4096-wide caption projections: the smallest model it loads is the full 17.1 B (one double
+  block 424 M, one single 305 M; a file with one of each is detected as 16 + 32 and misses keys).
+- LTX-2 (LTXAV, ComfyUI 0.33 only): the video stream reads its width from attn2.to_k (128 wide is
+  fine), but without the file's ``config`` metadata the audio stream keeps 32 heads of 64 (2048 wide)
+  and the two text connectors 2 layers of 30 heads of 128 (3840 wide): 868 M with one layer, 709 M
+  of them the connectors.
+- Cosmos Predict1 (CosmosT2V): detection fixes 28 blocks of 32 heads at 4096 wide (7.2 B) and 36 blocks
+  of 40 heads at any other width: 480 wide (heads of 12) loads as CosmosVideo with 206 M.
 A Wan 2.2 14B is two Wan 2.1-layout models (the high- and the low-noise expert; ComfyUI detects each
 as WAN21_T2V): ``load(FAMILIES["wan21"], "high")`` and ``"low"`` build that pair.
 
@@ -39,7 +55,7 @@ LoRA formats (rank 4, on every attention and MLP linear of the blocks), per fami
   ``lora_unet_blocks_0_self_attn_q``) write them.
 - "ai-toolkit": ``diffusion_model.<module>.lora_A/lora_B`` (ai-toolkit's Wan LoRAs:
   ``diffusion_model.blocks.0.self_attn.q.lora_A.weight``; Flux.2 in its own module names).
-- "diffusion-pipe" (HunyuanVideo 1.5): ``transformer.double_blocks.0.img_attn_qkv.lora_A.weight``.
+- "diffusion-pipe" (HunyuanVideo 1.0 and 1.5): ``transformer.double_blocks.0.img_attn_qkv.lora_A.weight``.
 - "ltx-trainer" (LTX-Video): LTX-Video-Trainer's, converted for ComfyUI:
   ``diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`` (the bare ``transformer_blocks.0...``
   names are mapped for LTXV by ComfyUI 0.33 only: 0.3.75's LoraLoader loads nothing of them).
@@ -138,6 +154,15 @@ FAMILIES = {f.name: f for f in (
         latent=(32, 2, 8, 8), cond=(8, 64, 8),
         loras=(LoraFormat("diffusion-pipe", _DOUBLE_SINGLE), LoraFormat("kohya", _DOUBLE_SINGLE))),
     Family(
+        name="hunyuan10", supported="HunyuanVideo", model_class="HunyuanVideo",
+        config=dict(image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2], out_channels=16,
+                    vec_in_dim=768, axes_dim=[16, 56, 56], meanflow=False, context_in_dim=64,
+                    hidden_size=128, mlp_ratio=4.0, num_heads=1, depth=1, depth_single_blocks=1, theta=256,
+                    qkv_bias=True, byt5=False, guidance_embed=True, use_cond_type_embedding=False,
+                    vision_in_dim=None, meanflow_sum=False),
+        latent=(16, 2, 8, 8), cond=(8, 64, 768),
+        loras=(LoraFormat("diffusion-pipe", _DOUBLE_SINGLE), LoraFormat("kohya", _DOUBLE_SINGLE))),
+    Family(
         name="ltxv", supported="LTXV", model_class="LTXV",
         config=dict(image_model="ltxv", num_layers=1, attention_head_dim=4, cross_attention_dim=128,
                     use_keyframes_abs_pos_embedding=False),
@@ -193,6 +218,7 @@ def _config(family: Family) -> dict[str, Any]:
     import comfy.ldm.hunyuan_video.model
 
     params = {"flux2": comfy.ldm.flux.model.FluxParams,
+              "hunyuan10": comfy.ldm.hunyuan_video.model.HunyuanVideoParams,
               "hunyuan15": comfy.ldm.hunyuan_video.model.HunyuanVideoParams}.get(family.name)
     return dict(family.config) if params is None else _known_fields(family.config, params)
 

@@ -136,6 +136,8 @@ BLOCK_CASES = {
     ("wan21", "loha"): ("wan21", "blocks.0-0=0; blocks.1=0.5", *_WAN_KOHYA),
     ("wan22_5b", "ai-toolkit"): ("wan22_5b", "blocks.0=0, blocks.1=0.5", ("diffusion_model.blocks.0.",),
                                  ("diffusion_model.blocks.1.",)),
+    ("hunyuan10", "diffusion-pipe"): ("hunyuan_video", "double_blocks.*=0, single_blocks.0=0.5",
+                                      ("transformer.double_blocks.",), ("transformer.single_blocks.",)),
     ("hunyuan15", "diffusion-pipe"): ("hunyuan_video15", "double_blocks.*=0, single_blocks.0=0.5",
                                       ("transformer.double_blocks.",), ("transformer.single_blocks.",)),
     ("ltxv", "ltx-trainer"): ("ltxv", "transformer_blocks.0=0, transformer_blocks.1=0.5", *_LTXV),

@@ -1,7 +1,7 @@
 """T1: the merge nodes and the command line on the 2026 families (issue 31, item 6).
 
 For each tiny family of devtools/tiny_dits.py that the running ComfyUI builds (Flux.2, SD3.5, Wan 2.1,
-Wan 2.2 5B, HunyuanVideo 1.5, LTX-Video; Wan and LTX-Video with two blocks, so a block map can tell them
+Wan 2.2 5B, HunyuanVideo 1.0, 1.5, LTX-Video; Wan and LTX-Video with two blocks, so a block map can tell them
 apart), two variants of its diffusion model (other seeds) and a LoRA in one of its trainers' layouts that
 the merge library reads (kohya, or PEFT in ComfyUI's ``diffusion_model.`` names: ai-toolkit, LTX-Video-
 Trainer) are written once per module into temporary ``diffusion_models`` and ``loras`` folders. Through
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.t1
 FAMILIES = tiny_dits.families()
 # tiny_dits family -> merge/architectures.py family id
 ARCH_IDS = {"flux2": "flux2", "sd35": "sd3", "wan21": "wan21", "wan22_5b": "wan22_5b",
-            "hunyuan15": "hunyuan_video15", "ltxv": "ltxv"}
+            "hunyuan10": "hunyuan_video", "hunyuan15": "hunyuan_video15", "ltxv": "ltxv"}
 LORA_LAYOUTS = ("kohya", "ai-toolkit", "ltx-trainer")  # the layouts merge/lora.py reads
 ALPHA, STRENGTH = 0.3, 0.7
 _INDEXED = re.compile(r"^((?:[a-z]+_)*blocks)\.(\d+)\.")
