@@ -58,10 +58,12 @@ class Base(torch.nn.Module):
 
 
 class Executor:
-    """Like core's WrapperExecutor for APPLY_MODEL: ``class_obj`` is the model, calling it runs the model."""
+    """Like core's WrapperExecutor for APPLY_MODEL: ``class_obj`` is the model, ``original`` the function
+    it wraps (whose signature names the arguments), calling it runs the model."""
 
     def __init__(self, base: Base) -> None:
         self.class_obj = base
+        self.original = base.forward
 
     def __call__(self, *args, **kwargs):
         return self.class_obj(*args, **kwargs)
