@@ -14,14 +14,17 @@ Budget: entries are counted in bytes (tensors inside method dicts are measured b
 the executor calls after each key). When an insert does not fit, entries from earlier runs go first,
 least recently used first; entries of the current run (``new_run``) are never evicted to make room
 for others, so a merge larger than the budget keeps its first keys instead of evicting each entry
-before it is read again. ``clear()`` empties it; ``set_budget(0)`` turns it off.
+before it is read again. A caller that knows which results its next merges read (Merge Grid) passes
+them as ``put_copy(..., keep=ids)``: those are not evicted either, so a full cache stops taking new
+entries instead of trading one that will be read for one that may not; ``discard(ids)`` drops them once
+read for the last time. ``clear()`` empties it; ``set_budget(0)`` turns it off.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Container, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,23 +91,31 @@ class MergeCache:
         """Keep ``tensor`` (not copied: the caller hands it over) if it fits; returns whether it was kept."""
         return self._put(key, tensor, copy=False)
 
-    def put_copy(self, key: Hashable, tensor: torch.Tensor) -> bool:
+    def put_copy(self, key: Hashable, tensor: torch.Tensor, keep: Container | None = None) -> bool:
         """``put`` of a copy of ``tensor``, made only when it will be kept: a merge larger than the budget
         (an SD1.5 UNet in fp32 is 3.4 GB) would otherwise allocate, fill and free a copy of every key
-        past the budget."""
-        return self._put(key, tensor, copy=True)
+        past the budget. ``keep``: ids of entries that are not evicted to make room (module docstring)."""
+        return self._put(key, tensor, copy=True, keep=keep)
 
-    def _put(self, key: Hashable, tensor: torch.Tensor, copy: bool) -> bool:
+    def _put(self, key: Hashable, tensor: torch.Tensor, copy: bool, keep: Container | None = None) -> bool:
         nbytes = tensor.numel() * tensor.element_size()
         with self._lock:
             slot = ("result", key)
             if slot in self._entries:
                 self._drop(slot)
-            if not self._evict(nbytes, keep_current=True):
+            if not self._evict(nbytes, keep_current=True, keep=keep):
                 return False
             self._entries[slot] = _Entry(tensor.clone() if copy else tensor, nbytes, self._run)
             self._stats.bytes += nbytes
             return True
+
+    def discard(self, keys: Iterable[Hashable]) -> None:
+        """Drop the results stored under ``keys`` (those absent are ignored): a caller that knows nothing
+        reads them again (Merge Grid, past their last variant) frees their memory now."""
+        with self._lock:
+            for key in keys:
+                if ("result", key) in self._entries:
+                    self._drop(("result", key))
 
     def method_store(self, owner: Hashable) -> MethodStore:
         """The ``{key: dict}`` mapping one call site's ``KeyContext.cache`` dicts live in."""
@@ -152,19 +163,29 @@ class MergeCache:
             return CacheStats(len(self._entries), self._stats.bytes, self._stats.hits, self._stats.misses,
                               self._stats.evictions)
 
-    def _evict(self, needed: int, keep_current: bool) -> bool:
+    def _evict(self, needed: int, keep_current: bool, keep: Container | None = None) -> bool:
         """Evict until ``needed`` more bytes fit; False (nothing more evicted) when they cannot."""
         budget = self.budget_bytes
         if needed > budget:
             return False
+        if keep is not None and self._stats.bytes + needed > budget and not self._frees(needed, keep):
+            return False  # the room is held by entries to keep: evict nothing for an entry that won't fit
         for slot in list(self._entries):
             if self._stats.bytes + needed <= budget:
                 break
             if keep_current and self._entries[slot].run == self._run:
                 continue
+            if keep is not None and slot[0] == "result" and slot[1] in keep:
+                continue
             self._drop(slot)
             self._stats.evictions += 1
         return self._stats.bytes + needed <= budget
+
+    def _frees(self, needed: int, keep: Container) -> bool:
+        """Whether evicting every entry that is neither this run's nor in ``keep`` makes ``needed`` fit."""
+        free = sum(entry.nbytes for slot, entry in self._entries.items()
+                   if entry.run != self._run and not (slot[0] == "result" and slot[1] in keep))
+        return self._stats.bytes - free + needed <= self.budget_bytes
 
     def _drop(self, slot: tuple) -> None:
         entry = self._entries.pop(slot)

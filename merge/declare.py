@@ -1,10 +1,12 @@
 """What a merge method's signature is written with, and how the built-in methods declare themselves.
 
 The merge spaces as annotations (``Weight``, ``Delta``, ``Param``, ``AnySpace``; ``WeightGroup`` /
-``AnyGroup`` for methods that read related keys), parameter ranges (``Range``, ``Fraction``, ``Count``)
-and ``builtin_method``, the decorator of merge/methods/: it records the function and its options, and
-merge/registry.py registers every recorded method when it is imported. The methods therefore import
-this leaf module, not the registry, and the registry imports them without an import cycle.
+``AnyGroup`` for methods that read related keys), ``PassesInput`` (a method that returns an input
+unchanged for some parameters says which, merge/registry.py), parameter ranges (``Range``,
+``Fraction``, ``Count``) and ``builtin_method``, the decorator of merge/methods/: it records the
+function and its options, and merge/registry.py registers every recorded method when it is imported.
+The methods therefore import this leaf module, not the registry, and the registry imports them
+without an import cycle.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ AnySpace = Annotated[torch.Tensor, Space(ANY)]
 WeightGroup = Annotated[dict[str, torch.Tensor], Space(WEIGHT, group=True)]
 AnyGroup = Annotated[dict[str, torch.Tensor], Space(ANY, group=True)]
 Related = Callable[[str, str, frozenset[str]], tuple[str, ...]]  # (key, arch, every input key) -> keys read
+# (scalar parameters resolved for a key, every tensor input the same) -> the input returned unchanged, or None
+PassesInput = Callable[[dict[str, Any], bool], int | None]
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,14 @@ An axis names what it sets in one of three ways, tried in this order:
 A value is a number or a parameter map (a block-weight or key-pattern ``LiteralNode``, as the Key
 Patterns node makes). Each variant is an ordinary recipe, so the merge cache recomputes only the keys
 whose resolved values changed (``Graph.key_id``): a block-map axis that changes the OUT blocks leaves
-every other key of the previous variant in the cache. Nothing here reads a file.
+every other key of the previous variant in the cache. ``cache_wants`` says which results each variant
+should leave in the cache: only those a later variant reads (the rest would push the useful ones out
+and cost a copy each). Nothing here reads a file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from . import recipe as R
@@ -146,3 +148,19 @@ def label(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def cache_wants(ids: Sequence[Mapping[str, Hashable]], in_place: Sequence[bool]) -> list[frozenset]:
+    """For variants merged in this order (``ids``: each one's key -> result id, ``Graph.key_id`` as the
+    merge cache stores it), the result ids worth keeping in the cache after each: those a later variant
+    merges. A variant ``in_place`` fills the previous variant's model and merges only the keys whose id
+    changed; any other merges every key."""
+    merges, previous = [], {}
+    for current, reused in zip(ids, in_place, strict=True):
+        merges.append({v for k, v in current.items() if not reused or previous.get(k) != v})
+        previous = current
+    wants, later = [], set()
+    for merged in reversed(merges):
+        wants.append(frozenset(later))
+        later |= merged
+    return wants[::-1]

@@ -18,8 +18,9 @@ key's output buffer.
 
 With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
 ``Graph.key_id`` is written from the cache without reading its inputs, and each computed key is
-stored. ``MergeOptions.check`` runs before every unit (and inside long elementwise loops), so an
-interrupt stops within one key; ``on_progress`` follows the progress bar.
+stored (only those in ``MergeOptions.cache_keep`` when it is given). ``MergeOptions.check`` runs
+before every unit (and inside long elementwise loops), so an interrupt stops within one key;
+``on_progress`` follows the progress bar.
 
 The output goes to a sink: anything with ``append(key, tensor)`` (called from the writer thread; the
 tensor's memory is reused afterwards, so a sink copies what it keeps): the safetensors writer, or the
@@ -140,10 +141,13 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, r
         pipe.write(plan.key, result)
         return
 
+    ident = root_id(graph, plan, salt, report.arch) if cache is not None else None
+    keep = cache is not None and (options.cache_keep is None or ident in options.cache_keep)
+
     def checked(out: torch.Tensor) -> None:  # in the writer thread: checked, then cached, then written
         check_output(out, plan, options, report, evaluator.sources, known)
-        if cache is not None:
-            cache.put_copy(root_id(graph, plan, salt, report.arch), out)
+        if keep:
+            cache.put_copy(ident, out, keep=options.cache_keep)
 
     pipe.write(plan.key, result, before=checked)
     if cache is not None:  # here, not in the writer: the methods fill their cache dicts in this thread,

@@ -20,7 +20,7 @@ Policies (``MergeOptions``):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,10 @@ class MergeOptions:
     folders where relative model paths are looked up after the current folder. ``cache``: pass
     the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``), or a
     ``MergeCache`` (merge/cache.py) to also reuse whole results of keys and sub-graphs, in a budget.
+    ``cache_keep``: the ids (``pipeline.root_id``) of the final results worth storing in that cache, or
+    None for all: a caller that knows its next merges (Merge Grid) names what they will read, so the
+    results nothing reads again are not copied into the cache, and those it names are not evicted to
+    make room for others (results inside a recipe are unaffected).
 
     For callers that embed the engine (the ComfyUI nodes): ``resolve(path)`` replaces the path
     lookup (returns a ``Path`` or a source object, merge/sources.py); ``check()`` runs between keys
@@ -79,6 +83,7 @@ class MergeOptions:
     chunk_elements: int = 1 << 16
     search_dirs: tuple[Path, ...] = ()
     cache: Any = field(default=None, compare=False)
+    cache_keep: Container | None = field(default=None, compare=False)
     resolve: Callable[[str], Any] | None = field(default=None, compare=False)
     check: Callable[[], None] | None = field(default=None, compare=False)
     on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)

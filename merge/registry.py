@@ -20,6 +20,12 @@ key, ``balance_attention`` the q, k, v and o of one attention layer) is register
 each tensor input, annotated ``WeightGroup`` / ``AnyGroup``, arrives as a dict from those keys to that
 input's tensor (a key the input lacks is absent). It returns the tensor of ``ctx.key`` alone.
 
+A method that gives back one of its inputs unchanged for some parameters (``weighted_sum`` at alpha 0
+or 1, or of two equal inputs) says so with ``passes_input=fn``: ``fn(params, same_inputs)`` gets the
+call's scalar parameters resolved for a key (defaults filled in) and whether every tensor input is the
+same, and returns the index of the input returned, or None. The cache ids (``Graph.key_id``) of such a
+call are its input's, so a merge grid's variants share the keys a parameter leaves at an input.
+
 A method annotated ``-> int`` (or ``-> str``) returns one number per key instead of a tensor
 (``get_rank_from_ratio``): it is a param-space call that only a parameter of that type takes
 (``truncate_rank(d, rank=get_rank_from_ratio(d))``), never a tensor input or a recipe's result.
@@ -48,6 +54,7 @@ from .declare import (  # noqa: F401  (re-exported: user methods annotate with t
     Delta,
     Fraction,
     Param,
+    PassesInput,
     Range,
     Related,
     Space,
@@ -123,6 +130,7 @@ class MergeMethod:
     random: bool = False
     related: Related | None = None
     returns: type | None = None  # int or str: one such value per key (output space param), not a tensor
+    passes_input: PassesInput | None = None  # which input it returns unchanged (module docstring)
 
     @property
     def variadic(self) -> bool:
@@ -150,18 +158,20 @@ _REGISTRY: dict[str, MergeMethod] = {}
 
 def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = None, paper: str | None = None,
                  accepts_missing: bool = False, elementwise: bool = False, random: bool = False,
-                 related: Related | None = None) -> Any:
+                 related: Related | None = None, passes_input: PassesInput | None = None) -> Any:
     """Register ``fn`` as a merge method; usable bare (``@merge_method``) or with options.
 
     ``name`` defaults to the function name; ``paper`` is a URL shown in the methods table;
     ``accepts_missing`` makes the executor pass ``None`` for inputs that lack the key;
     ``elementwise`` declares that output element i depends only on element i of the inputs, with
     no randomness, so the executor may evaluate the method slice by slice; ``random`` that it draws
-    random numbers from ``ctx.seed``; ``related`` that it reads other keys (see the module docstring).
+    random numbers from ``ctx.seed``; ``related`` that it reads other keys, ``passes_input`` which input
+    it returns unchanged for given parameters (see the module docstring).
     Raises ``MethodDefinitionError`` for a bad signature or an already registered name.
     """
     def register(func: Callable[..., Any]) -> MergeMethod:
-        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise, random, related)
+        method = _build(func, name or func.__name__, paper, accepts_missing, elementwise, random, related,
+                        passes_input)
         if method.name in _REGISTRY:
             raise MethodDefinitionError(
                 f"merge method {method.name!r} is already registered; pick another name "
@@ -201,7 +211,8 @@ def scope() -> Iterator[None]:
 # ---- signature checking ---------------------------------------------------------------------------
 
 def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missing: bool,
-           elementwise: bool, random: bool = False, related: Related | None = None) -> MergeMethod:
+           elementwise: bool, random: bool = False, related: Related | None = None,
+           passes_input: PassesInput | None = None) -> MergeMethod:
     where = f"merge method {name!r} ({func.__module__}.{func.__qualname__})"
     if not name.isidentifier():
         raise MethodDefinitionError(f"{where}: the name must be an identifier")
@@ -241,9 +252,12 @@ def _build(func: Callable[..., Any], name: str, paper: str | None, accepts_missi
         raise MethodDefinitionError(f"{where}: a random method cannot be elementwise (its slices would "
                                     f"draw differently from the whole tensor)")
     _check_groups(where, inputs, related, elementwise or accepts_missing)
+    if passes_input is not None and not callable(passes_input):
+        raise MethodDefinitionError(f"{where}: passes_input must be a function (params, same_inputs) -> "
+                                    f"the index of the input returned unchanged, or None")
     return MergeMethod(name, doc[0], paper, tuple(inputs), tuple(params), output,
                        func if takes_ctx else _drop_ctx(func), accepts_missing, elementwise, random, related,
-                       returns)
+                       returns, passes_input)
 
 
 def _check_groups(where: str, inputs: list[InputSpec], related: Related | None, flagged: bool) -> None:

@@ -16,7 +16,6 @@ step depends on, for the cache (merge/cache.py).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,27 +139,22 @@ class Graph:
             args = tuple(self.key_id(arg, key, arch) for arg in step.args)
         params = tuple((name, self.key_id(v, key, arch) if isinstance(v, Call) else self.scalar(v, key, arch))
                        for name, v in step.kwargs.items())
-        passed = _passed_input(step.method.name, args, params)
+        passed = _passed_input(step.method, args, params)
         return passed if passed is not None else (step.method.name, args, params,
                                                   self.seed if step.method.random else None)
 
 
-def _passed_input(method: str, args: tuple, params: tuple) -> tuple | None:
-    """The id of the input a call gives back for this key, or None: weighted_sum at alpha 0 returns a and
-    at 1 returns b (merge/methods/linear.py), and lerp(x, x, alpha) is x. So the cells of a merge grid
-    whose alpha leaves a key at an input (a block preset's 0 blocks) share that key's id: its cached
-    result, and Merge Grid leaves it in the model instead of writing it again."""
-    if method != "weighted_sum" or len(args) != 2:
+def _passed_input(method: Any, args: tuple, params: tuple) -> tuple | None:
+    """The id of the input a call gives back unchanged for this key, as its method declares
+    (``passes_input``, merge/registry.py: weighted_sum at alpha 0 returns a, at 1 b, and of two equal
+    inputs that input), or None. So the cells of a merge grid whose alpha leaves a key at an input (a
+    block preset's 0 blocks) share that key's id: its cached result, and Merge Grid leaves it in the model
+    instead of writing it again. A parameter given per key as a tensor (a param-space call) never passes."""
+    if method.passes_input is None or any(isinstance(value, tuple) for _, value in params):
         return None
-    alpha = dict(params).get("alpha")
-    if args[0] == args[1]:
-        return args[0]
-    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
-        if math.isclose(alpha, 0.0):
-            return args[0]
-        if math.isclose(alpha, 1.0):
-            return args[1]
-    return None
+    values = {spec.name: spec.default for spec in method.params} | dict(params)
+    index = method.passes_input(values, len(args) > 1 and len(set(args)) == 1)
+    return None if index is None else args[index]
 
 
 def _canonical_keys(source: Any) -> list[str]:

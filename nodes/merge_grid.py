@@ -6,6 +6,9 @@ Data flow::
     recipe, x/y axis (name + values text)
       -> parse_values(text)                 numbers, or one parameter map per line (Key Patterns syntax)
       -> merge.grid.variants(recipe, x, y)  one recipe per cell, row by row (checked before any merge)
+      -> merge_runtime.cache_wants(...)     per variant, the results a later one merges: only those are
+                                            kept in the merge cache (no copy of a result never read again),
+                                            and dropped after their last reader (merge_runtime.release)
       -> per variant, rows in snake order (snake_order): merge_runtime.merge_models (through the merge
          cache: only keys whose values changed are recomputed; a recipe of diffusion-model weights only
          streams into the previous variant's MODEL, so no model is built or held twice, and the keys
@@ -138,13 +141,19 @@ class PatchbayMergeGrid:
         texts = [f"# {', '.join(labels)}\n{recipe_to_text(variant)}" for labels, variant in cells]
         bar = comfy.utils.ProgressBar(len(cells))
         slot: list = []  # the only reference to the previous variant's MODEL (merge_runtime.build_models)
+        order = snake_order(len(cells), len(x[1]))
+        keep = merge_runtime.cache_wants([cells[i][1] for i in order], **fields)
         try:
-            for number, index in enumerate(snake_order(len(cells), len(x[1]))):
+            for number, index in enumerate(order):
                 labels, variant = cells[index]
                 comfy.model_management.throw_exception_if_processing_interrupted()
-                images[index], merged = self._sample(variant, fields, slot, clip, vae, encoded, positive,
-                                                     negative, latent_image, seed, steps, cfg, sampler_name,
-                                                     scheduler)
+                cell_fields = fields if keep is None else {**fields, "cache_keep": keep[number]}
+                images[index], merged, whole = self._sample(
+                    variant, cell_fields, slot, clip, vae, encoded, positive, negative, latent_image, seed,
+                    steps, cfg, sampler_name, scheduler)
+                last_read = keep[number - 1] - keep[number] if keep and number else ()  # no later reader
+                merge_runtime.release(last_read)
+                keep = None if whole else keep  # a new model per variant: every key merged each time
                 lines[index] = f"{', '.join(labels)}: {merged}"
                 bar.update_absolute(number + 1, len(cells))
         finally:
@@ -157,12 +166,14 @@ class PatchbayMergeGrid:
     @staticmethod
     def _sample(variant: Any, fields: dict, slot: list, clip: Any, vae: Any, encoded: dict, positive: str,
                 negative: str, latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
-                scheduler: str) -> tuple[torch.Tensor, str]:
+                scheduler: str) -> tuple[torch.Tensor, str, bool]:
         """One cell: the variant merged (into the MODEL in ``slot`` when it gives only diffusion-model
-        weights: no second model), encoded, sampled, decoded; its MODEL left in ``slot``."""
+        weights: no second model), encoded, sampled, decoded; its MODEL left in ``slot``. Also whether
+        the merge built a text encoder or VAE too (then the next variant builds a new model)."""
         import nodes as comfy_nodes  # ComfyUI's nodes.py (loaded before any custom node)
 
         model, merged_clip, merged_vae, lines = merge_runtime.merge_models(variant, reuse=slot, **fields)
+        whole = merged_clip is not None or merged_vae is not None
         slot[:] = [model]
         try:
             text_encoder, decoder = merged_clip or clip, merged_vae or vae
@@ -188,7 +199,7 @@ class PatchbayMergeGrid:
                 gc.collect()
                 comfy.model_management.cleanup_models()
         del model
-        return image, lines[0]
+        return image, lines[0], whole
 
 
 NODES = [PatchbayMergeGrid]

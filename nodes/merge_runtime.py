@@ -18,7 +18,7 @@ import contextlib
 import gc
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,9 +121,7 @@ def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any,
     already (the same merge-cache id as the variant that filled it); else the list is emptied, freeing
     that model before a new one is built. ``session.unchanged_keys``: how many keys it kept."""
     spill = session.options.spill_dir
-    in_place = [p for p in session.plans if p.key.startswith(UNET) and p.passthrough is None]
-    rest = [replace(p, dtype=session.source_dtype(p.key)) for p in session.plans
-            if not (p.key.startswith(UNET) and p.passthrough is None)]  # as loading the first input gives
+    in_place, rest = _split_plans(session)
     sink = _DictSink()
     session.stream(sink, rest, spill)
     state = sink.tensors
@@ -154,6 +152,45 @@ def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any,
 
 
 _HELD = "_patchbay_merge_ids"  # on a MODEL build_models may reuse: key -> id of the value it holds
+
+
+def _split_plans(session: MergeSession) -> tuple[list, list]:
+    """(diffusion-model weights streamed into the model's parameters, the other keys: streamed into a
+    dict in their stored dtype, as loading the first input gives them)."""
+    in_place = [p for p in session.plans if p.key.startswith(UNET) and p.passthrough is None]
+    rest = [replace(p, dtype=session.source_dtype(p.key)) for p in session.plans
+            if not (p.key.startswith(UNET) and p.passthrough is None)]
+    return in_place, rest
+
+
+def release(results: Iterable = ()) -> None:
+    """Between two merges of one node (Merge Grid's variants): the merge cache's ``results`` that nothing
+    reads again dropped now, not when a newcomer needs their room."""
+    CACHE.discard(results)
+
+
+def cache_wants(recipes: list, **fields: Any) -> list[frozenset] | None:
+    """For recipes merged in this order by ``merge_models(recipe, reuse=...)`` (Merge Grid's variants),
+    the results each should leave in the merge cache (``MergeOptions.cache_keep``): those a later one
+    merges (merge/grid.cache_wants), each after the first filling the previous one's model (a recipe of
+    diffusion-model weights; the grid caches everything again when its first merge built a text encoder
+    or VAE). Planned from the files' headers, nothing merged; None without a cache."""
+    from ..merge.grid import cache_wants as wants
+    from ..merge.pipeline import root_id
+    from ..merge.plan import cache_salt
+    from ..merge.session import MergeSession
+
+    if fields.get("cache_mb", 0) <= 0:
+        return None
+    ids = []
+    for recipe in recipes:
+        options = MergeOptions(dtype="fp32", resolve=resolve, **{k: v for k, v in fields.items()
+                                                                  if k != "cache_mb"})
+        with MergeSession(recipe, options) as session:
+            unet, _ = _split_plans(session)
+            salt = cache_salt(options)
+            ids.append({p.key: root_id(session.graph, p, salt, session.arch) for p in unet})
+    return wants(ids, [False] + [True] * (len(ids) - 1))
 
 
 def _key_ids(session: MergeSession, plans: list) -> dict[str, tuple]:

@@ -121,3 +121,64 @@ def test_a_weighted_sum_that_gives_back_an_input_has_its_id_and_its_values(m, tm
         graph = session.graph
         assert graph.key_id(graph.root, inside, session.arch) == graph.key_id(graph.root.args[1], inside,
                                                                               session.arch)
+
+
+def test_a_declared_passes_input_decides_the_id_not_the_method_name(m, tmp_path):
+    """Graph.key_id asks the method's ``passes_input`` declaration (merge/registry.py), not its name: a
+    throwaway method that declares "b at t=1" gets b's id there and its own elsewhere, an undeclared twin
+    never passes; weighted_sum's ids and values agree at an alpha within is_close of 1 (both use its one
+    declaration), and a declaration that is not a function is refused at registration."""
+    import torch
+    from safetensors.torch import save_file
+
+    from merge import registry
+    from merge.plan import MergeOptions
+    from merge.session import MergeSession
+
+    key = "model.diffusion_model.output_blocks.2.0.weight"
+    paths = []
+    for seed in (1, 2):
+        paths.append(tmp_path / f"{seed}.safetensors")
+        save_file({key: torch.randn(6, 4, generator=torch.Generator().manual_seed(seed))}, str(paths[-1]))
+    a, b = (m.R.model(str(p)) for p in paths)
+
+    def blend(x, y, *, t=0.5):
+        """x moved toward y by t."""
+        return x + t * (y - x)
+
+    blend.__annotations__ = {"x": registry.AnySpace, "y": registry.AnySpace, "t": float,
+                             "return": registry.AnySpace}  # set here: this module postpones annotations
+
+    def ids(method: str, t: float) -> tuple:
+        with MergeSession(m.R.call(method, a, b, t=t), MergeOptions(dtype="fp32")) as session:
+            graph = session.graph
+            return tuple(graph.key_id(step, key, session.arch) for step in (graph.root, *graph.root.args))
+
+    with registry.scope():
+        registry.merge_method(blend, name="blend_declared",
+                              passes_input=lambda params, same: 1 if params["t"] == 1 else None)
+        registry.merge_method(blend, name="blend_plain")
+        root, _, b_id = ids("blend_declared", 1.0)
+        assert root == b_id
+        root, a_id, b_id = ids("blend_declared", 0.5)
+        assert root not in (a_id, b_id)
+        root, _, b_id = ids("blend_plain", 1.0)
+        assert root != b_id
+        with pytest.raises(registry.MethodDefinitionError, match="passes_input"):
+            registry.merge_method(blend, name="blend_bad", passes_input=1)
+    alpha = 1.0 - 1e-12  # is_close to 1: weighted_sum returns b itself, and its id is b's
+    with MergeSession(m.R.weighted_sum(a, b, alpha=alpha), MergeOptions(dtype="fp32")) as session:
+        graph = session.graph
+        root, b_id = (graph.key_id(step, key, session.arch) for step in (graph.root, graph.root.args[1]))
+        assert root == b_id
+        assert torch.equal(session.evaluate(key), session.sources[1].tensor(key).float())
+
+
+def test_cache_wants_names_what_a_later_variant_merges(m):
+    """Each variant should leave in the merge cache only the results a later variant merges: a variant that
+    fills the previous one's model merges the keys whose id changed, one that builds a new model all."""
+    ids = [{"k1": "A1", "k2": "B1"}, {"k1": "A1", "k2": "B2"}, {"k1": "A3", "k2": "B1"}]
+    wants = m.grid.cache_wants(ids, [False, True, True])
+    assert wants == [{"B2", "A3", "B1"}, {"A3", "B1"}, set()]
+    assert "A1" not in wants[0], "k1 keeps A1 in the model for the second variant: no copy is needed"
+    assert m.grid.cache_wants(ids, [False, False, False])[0] == {"A1", "B2", "A3", "B1"}

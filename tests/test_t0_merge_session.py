@@ -393,6 +393,28 @@ def test_the_budget_keeps_the_current_run_and_evicts_older_runs_first():
     assert not cache.put("x", torch.zeros(1))
 
 
+def test_entries_a_caller_keeps_are_not_evicted_for_others():
+    """``put_copy(..., keep=ids)`` (Merge Grid: the results its later variants read): entries in ``keep``
+    stay when a newcomer needs room, older ones outside it go first, and a newcomer that fits only by
+    evicting kept entries is not stored, with nothing evicted for it; ``discard`` drops entries at once."""
+    from merge.cache import MergeCache
+
+    kib = torch.zeros(256)  # 1 KiB
+    cache = MergeCache(budget_mb=3 / 1024)
+    cache.new_run()
+    assert cache.put_copy("a", kib) and cache.put_copy("b", kib) and cache.put_copy("c", kib)
+    cache.new_run()
+    assert cache.put_copy("d", kib, keep={"a", "c", "d"})  # evicts b, the one entry outside keep
+    assert cache.get("b") is None and cache.stats().evictions == 1
+    cache.new_run()
+    assert not cache.put_copy("e", kib, keep={"a", "c", "d", "e"})  # only kept entries could make room
+    assert cache.stats().evictions == 1 and cache.stats().entries == 3
+    assert cache.put_copy("e", kib, keep={"a", "e"})  # c and d are no longer kept: the older goes
+    assert cache.get("c") is None and cache.get("d") is not None and cache.get("a") is not None
+    cache.discard(["a", "never stored"])  # read for the last time: dropped at once
+    assert cache.get("a") is None and cache.stats().entries == 2 and cache.stats().bytes == 2 * 1024
+
+
 def test_method_dicts_count_against_the_budget(files, tmp_path):
     from merge.cache import MergeCache
 

@@ -97,23 +97,40 @@ def test_every_cell_is_the_variant_merged_and_sampled_alone(env, monkeypatch):
     assert (band < 0.5).any(), "no label drawn above the first cell"
 
 
-def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env):
-    """Two maps that differ in the OUT blocks only: the second variant takes the other keys from the
-    merge cache (its merge line counts them), and the same grid again takes every key from it."""
+def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env, monkeypatch):
+    """Three maps: the second changes the OUT blocks, the third puts them back and changes the IN blocks.
+    Each variant merges only the keys whose values changed (the others stay in the model); the third
+    takes its OUT keys from the merge cache, and those are the only results the grid copies into the
+    cache (merge_runtime.cache_wants: a result no later variant reads is not kept), dropped after the third
+    read them. The images equal the same grid without a cache."""
 
-    def from_cache(out):
-        return [int(re.search(r"(\d+) from the merge cache", line).group(1)) for line in out["ui"]["text"]]
+    cache = importlib.import_module(env.grid.__name__.rsplit(".", 1)[0] + ".merge_runtime").CACHE
+    puts, reads = [], []
+    put_copy, get = cache.put_copy, cache.get
+    monkeypatch.setattr(cache, "put_copy",
+                        lambda key, tensor, **kw: puts.append(key) or put_copy(key, tensor, **kw))
 
+    def reading(key):  # the cache's get, noting what it found
+        found = get(key)
+        if found is not None:
+            reads.append(key)
+        return found
+
+    monkeypatch.setattr(cache, "get", reading)
     recipe = weighted_sum(env, 0.5)
-    maps = "IN*=0.2, M00=0.2, OUT*=0.2, default=0.2\nIN*=0.2, M00=0.2, OUT*=0.9, default=0.2"
+    maps = "default=0.2\nOUT*=0.9, default=0.2\nIN*=0.9, default=0.2"
     env.node("PatchbayMergeCacheClear").clear()
     out = run_grid(env, recipe, "alpha", maps, cache_mb=4096)
-    again = run_grid(env, recipe, "alpha", maps, cache_mb=4096)
-    first, second = from_cache(out)
-    everything = from_cache(again)
-    assert everything[0] == everything[1] > 0
-    assert first == 0 and 0 < second < everything[1], (out["ui"]["text"], again["ui"]["text"])
-    assert torch.equal(again["result"][0], out["result"][0])
+    monkeypatch.undo()
+    lines = out["ui"]["text"]
+    merged = int(re.search(r"merged (\d+) keys", lines[1]).group(1))
+    out_keys = merged - int(re.search(r"\((\d+) unchanged", lines[1]).group(1))  # what the 2nd merged
+    assert " 0 from the merge cache" in lines[0] and 0 < out_keys < merged, lines
+    assert len(puts) == len(set(puts)) == out_keys, "results no variant reads were copied into the cache"
+    assert set(puts) <= set(reads), "a result copied into the cache was never read back"
+    assert all(cache.get(ident) is None for ident in puts), "a result outlived its last reader in the cache"
+    without_cache = run_grid(env, recipe, "alpha", maps, cache_mb=0)
+    assert torch.equal(out["result"][0], without_cache["result"][0])
     env.node("PatchbayMergeCacheClear").clear()
 
 
@@ -174,7 +191,7 @@ def test_rows_are_merged_in_snake_order_and_each_image_lands_in_its_cell(env, mo
 
     def sample(variant, *args):
         calls.append(env.grid.recipe_to_text(variant))
-        return torch.full((64, 64, 3), len(calls) * 50 / 255), f"call {len(calls)}"
+        return torch.full((64, 64, 3), len(calls) * 50 / 255), f"call {len(calls)}", False
 
     monkeypatch.setattr(env.grid.PatchbayMergeGrid, "_sample", staticmethod(sample))
     inner = env.node("PatchbayMethodWeightedSum").build(a=env.a, b=env.b, alpha=0.5)[0]

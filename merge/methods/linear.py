@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 
@@ -16,13 +16,19 @@ SD_MECHA = "https://github.com/ljleb/sd-mecha"
 NEARSWAP = "https://huggingface.co/alchemonaut/QuartetAnemoi-70B-t0.0001"
 
 
-@builtin_method(paper=SOUPS, elementwise=True)
+def _weighted_sum_passes(params: dict[str, Any], same_inputs: bool = False) -> int | None:
+    """The input weighted_sum returns unchanged: a at alpha 0 (or when a and b are the same), b at 1."""
+    if same_inputs or is_close(params["alpha"], 0.0):
+        return 0
+    return 1 if is_close(params["alpha"], 1.0) else None
+
+
+@builtin_method(paper=SOUPS, elementwise=True, passes_input=_weighted_sum_passes)
 def weighted_sum(a: AnySpace, b: AnySpace, *, alpha: float = 0.5) -> AnySpace:
     """Linear interpolation a + (b - a) * alpha (alpha=0 gives A, 1 gives B)."""
-    if is_close(alpha, 0.0):
-        return a
-    if is_close(alpha, 1.0):
-        return b
+    passed = _weighted_sum_passes({"alpha": alpha})
+    if passed is not None:
+        return (a, b)[passed]
     return torch.lerp(a, b, alpha)
 
 
