@@ -9,13 +9,16 @@ the couple spends one row for all regions (docs/design-attention-couple.md). Dat
         positive cond: the base prompt's tokens (so core batches it with the negative), the regions'
                  LoRA hooks, a pooled output mixed by area (SDXL); DiTs: [base | region 1 | ...]
         model clone: Fast Hooks on, an attn2_patch (CoupleContext: the couple's rows get the full
-                 context [base | region 1 | ...], other rows their tokens tiled to its length), an
+                 context [base | region 1 | ...], the base left out where the regions cover every
+                 position; other rows their tokens tiled to its length), an
                  attn2_replace patch on every UNet block, and transformer_options[TOKEN_WEIGHTS_KEY]
                  (hooks/engine.py) for the region LoRAs
     attn2 (the couple's rows): out = sum_s w_s(pos) * attention(q, k_s, v_s) over the
-        segments s, w_s area-averaged to the block's grid; other rows attend as usual
+        segments s, w_s area-averaged to the block's grid, each attention on the queries where w_s > 0
+        only; other rows attend as usual
     region LoRA r: y[t] += s_r * w_r(t) * delta(x)[t] on image tokens (convs: at their output grid);
-        on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area mean
+        on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area mean;
+        the delta is computed on the tokens where w_r > 0 only (hooks/lowrank.py TokenSubset)
 
 DiT joint attention (Flux.1, Flux.2, SD3): hooks/couple_dit.py, an attention mask instead of attn2.
 Masks are MASKs ([H, W] or [1, H, W], 0..1) at the image's or the latent's size. Nothing passed in is
@@ -40,6 +43,7 @@ from .couple_dit import CoupleError
 from .enable import enable_hook_engine
 from .engine import TOKEN_WEIGHTS_KEY
 from .lora_hooks import combine
+from .lowrank import TokenSubset
 from .regions import feather
 
 if TYPE_CHECKING:
@@ -99,6 +103,7 @@ class CoupleWeights:
         self.weights = weights  # [S, Hm, Wm], S = 1 + regions
         self._cache: dict[tuple, torch.Tensor] = {}
         self._live: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self._subsets: dict[tuple, torch.Tensor | TokenSubset] = {}
 
     def live(self, h: int, w: int) -> tuple[bool, ...]:
         """Per segment: whether its weight is above 0 anywhere on the (h, w) grid (on the CPU: no sync)."""
@@ -114,6 +119,17 @@ class CoupleWeights:
             pooled = F.adaptive_avg_pool2d(self.weights.unsqueeze(0), (h, w))[0]
             self._cache[key] = pooled.to(device, dtype)
         return self._cache[key]
+
+    def subset(self, s: int, h: int, w: int, device: torch.device, dtype: torch.dtype,
+               positions: bool = False) -> torch.Tensor | TokenSubset:
+        """Segment s's weight on the (h, w) grid for a LoRA: [h, w] (``positions``) or [h * w, 1], as a
+        ``TokenSubset`` where it is 0 on some token (the delta is then computed where it is not)."""
+        key = (s, h, w, device, dtype, positions)
+        if key not in self._subsets:
+            cpu = self.at(h, w, torch.device("cpu"), torch.float32)[s]
+            self._subsets[key] = TokenSubset.of(cpu if positions else cpu.reshape(-1, 1), device, dtype,
+                                                positions)
+        return self._subsets[key]
 
     def check_latent(self, height: int, width: int) -> None:
         """A mask of another aspect than the latent's cannot be placed on it."""
@@ -260,13 +276,22 @@ class CoupleAttention:
         if grid is None:
             raise CoupleError(f"attention couple: {q.shape[1]} image tokens fit no level of a "
                               f"{height}x{width} latent; the couple knows SD1.5 and SDXL UNets only.")
-        w = self.weights.at(*grid, q.device, q.dtype).flatten(1)  # [S, tokens]
         acc = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
-        for (start, stop), ws, live in zip(self.segments.ranges, w, self.weights.live(*grid), strict=True):
-            if live:
+        for s, ((start, stop), live) in enumerate(zip(self.segments.ranges, self.weights.live(*grid),
+                                                      strict=True)):
+            if not live:
+                continue
+            ws = self.weights.subset(s, *grid, q.device, q.dtype)  # [tokens, 1] or where it is > 0
+            if isinstance(ws, TokenSubset):  # only the queries the prompt reaches
+                if not ws.index.numel():
+                    continue  # its weight rounds to 0 in this dtype
+                part = attention.optimized_attention(q.index_select(1, ws.index), k[:, start:stop],
+                                                     v[:, start:stop], heads, attn_precision=precision)
+                acc.index_add_(1, ws.index, part * ws.values)
+            else:
                 part = attention.optimized_attention(q, k[:, start:stop], v[:, start:stop], heads,
                                                      attn_precision=precision)
-                acc.addcmul_(part, ws.view(1, -1, 1))
+                acc.addcmul_(part, ws)
         return acc
 
 
@@ -289,9 +314,9 @@ class CoupleTokenWeights:
             return None
         height, width = x.shape[-2:]
         self.weights.check_latent(height, width)
-        cache: dict[tuple, torch.Tensor] = {}
+        cache: dict[tuple, torch.Tensor | TokenSubset] = {}
 
-        def weigh(hook: int, module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | None:
+        def weigh(hook: int, module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | TokenSubset | None:
             s = segment_of.get(hook)
             if s is None:
                 return None
@@ -301,17 +326,19 @@ class CoupleTokenWeights:
             return cache[key]
         return weigh
 
-    def _weight(self, s: int, text: bool, y: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    def _weight(self, s: int, text: bool, y: torch.Tensor, height: int,
+                width: int) -> torch.Tensor | TokenSubset:
         if y.ndim == 4:  # a convolution's output [B, C, h, w]
-            return self.weights.at(*y.shape[-2:], y.device, y.dtype)[s]
+            return self.weights.subset(s, *y.shape[-2:], y.device, y.dtype, positions=True)
         if y.ndim == 3 and text and y.shape[1] % self.segments.total == 0:
             start, stop = self.segments.ranges[s]
-            mask = torch.zeros(self.segments.total, device=y.device, dtype=y.dtype)
+            mask = torch.zeros(self.segments.total)
             mask[start:stop] = 1.0
-            return mask.repeat(y.shape[1] // self.segments.total).unsqueeze(-1)
+            return TokenSubset.of(mask.repeat(y.shape[1] // self.segments.total).unsqueeze(-1), y.device,
+                                  y.dtype)
         grid = _grid(y.shape[1], height, width) if y.ndim == 3 else None
         if grid is not None:
-            return self.weights.at(*grid, y.device, y.dtype)[s].reshape(-1, 1)
+            return self.weights.subset(s, *grid, y.device, y.dtype)
         return self.weights.weights[s].mean().to(y.device, y.dtype)  # no tokens: the region's share
 
 
@@ -332,6 +359,16 @@ def _pooled(extras: Sequence[dict], areas: Sequence[float]) -> torch.Tensor | No
     return sum((p * a for p, a in zip(pooled, areas, strict=True)), torch.zeros_like(pooled[0]))
 
 
+def _layout(tokens: Sequence[torch.Tensor], drop_base: bool) -> tuple[_Segments, torch.Tensor]:
+    """The couple's segments and full context [base | region 1 | ...]. ``drop_base`` (UNets whose regions
+    cover every position, so the base prompt is attended nowhere): the base's segment is empty and its
+    tokens stay out of the context, so each block projects fewer keys and values."""
+    lengths = [0 if i == 0 and drop_base else t.shape[1] for i, t in enumerate(tokens)]
+    stops = torch.tensor(lengths).cumsum(0).tolist()
+    full = torch.cat([t for t, n in zip(tokens, lengths, strict=True) if n], dim=1)
+    return _Segments(tuple(zip([0, *stops[:-1]], stops, strict=True)), stops[-1]), full
+
+
 def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRegion],
                      feather_px: int = 0) -> tuple[ModelPatcher, list]:
     """(MODEL, positive CONDITIONING) of an attention couple: ``base`` where no region is, each region's
@@ -343,8 +380,9 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
         raise CoupleError("the prompts come from different text encoders (token widths "
                           f"{[t.shape[-1] for t, _ in parts]}): encode them all with the model's CLIP.")
     parts = [(couple_dit.as_model_pads(model, t), e) for t, e in parts]
-    stops = torch.tensor([t.shape[1] for t, _ in parts]).cumsum(0).tolist()
-    segments = _Segments(tuple(zip([0, *stops[:-1]], stops, strict=True)), stops[-1])
+    joint = couple_dit.is_joint(model.get_model_object("diffusion_model"))
+    unused_base = not joint and float(weights.weights[0].max()) <= 0
+    segments, full = _layout([t for t, _ in parts], drop_base=unused_base)
     extra = dict(parts[0][1])
     areas = [float(w.mean()) for w in weights.weights]
     pooled = _pooled([e for _, e in parts], areas)
@@ -354,10 +392,9 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
     extra.pop("hooks", None)
     if hooks:
         extra["hooks"] = combine(*hooks)
-    full = torch.cat([t for t, _ in parts], dim=1)
     refs = {h.hook_ref: i for i, r in enumerate(regions, 1) if r.hooks is not None for h in r.hooks.hooks}
     clone = enable_hook_engine(model)
-    if couple_dit.is_joint(clone.get_model_object("diffusion_model")):
+    if joint:
         couple_dit.patch_joint(clone, weights, segments, refs)
         return clone, [[full, extra]]
     # UNets: the cond carries the base prompt's tokens (core batches it with the negative); the full

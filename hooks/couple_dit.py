@@ -17,7 +17,8 @@ the prompts of its regions instead (docs/design-attention-couple.md). Data flow:
         Flux.2 (text positions in its RoPE): a "post_input" patch restarts each prompt's positions at 0
         transformer_options[TOKEN_WEIGHTS_KEY] = JointTokenWeights: a region's LoRA per token:
             image-stream modules: w_r at the patch grid; text-stream modules: 1 on the region's tokens,
-            0 elsewhere; single-stream modules ([text | image]): both; no tokens (modulation): the mean
+            0 elsewhere; single-stream modules ([text | image]): both; no tokens (modulation): the mean;
+            the delta computed on the tokens where that weight is > 0 only (hooks/lowrank.py TokenSubset)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 from ..patcher import registry
 from ..patcher.calls import argument
 from .engine import TOKEN_WEIGHTS_KEY
+from .lowrank import TokenSubset
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -245,9 +247,9 @@ class JointTokenWeights:
             return None
         self.weights.check_latent(*x.shape[-2:])
         grid = (math.ceil(x.shape[-2] / self.patch), math.ceil(x.shape[-1] / self.patch))
-        cache: dict[tuple, torch.Tensor] = {}
+        cache: dict[tuple, torch.Tensor | TokenSubset] = {}
 
-        def weigh(hook: int, module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | None:
+        def weigh(hook: int, module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | TokenSubset | None:
             s = segment_of.get(hook)
             if s is None:
                 return None
@@ -257,25 +259,29 @@ class JointTokenWeights:
             return cache[key]
         return weigh
 
-    def _text(self, s: int, tokens: int, y: torch.Tensor) -> torch.Tensor:
+    def _text(self, s: int, tokens: int) -> torch.Tensor:
         if tokens % self.segments.total:
             raise CoupleError(f"attention couple: a text-stream module saw {tokens} text tokens, not a "
                               f"multiple of the couple's {self.segments.total}; sample the couple's "
                               f"conditioning as the positive.")
-        return (segment_ids(self.segments, tokens, y.device) == s).to(y.dtype)
+        return (segment_ids(self.segments, tokens, torch.device("cpu")) == s).float()
 
-    def _weight(self, s: int, role: str, y: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def _weight(self, s: int, role: str, y: torch.Tensor,
+                grid: tuple[int, int]) -> torch.Tensor | TokenSubset:
         if y.ndim == 4:  # a convolution's output [B, C, h, w] (SD3's patch embedding)
-            return self.weights.at(*y.shape[-2:], y.device, y.dtype)[s]
+            return self.weights.subset(s, *y.shape[-2:], y.device, y.dtype, positions=True)
         if y.ndim != 3:  # no tokens (modulation, time embedding): the region's share
             return self.weights.weights[s].mean().to(y.device, y.dtype)
+        return TokenSubset.of(self._tokens(s, role, y.shape[1], grid), y.device, y.dtype)
+
+    def _tokens(self, s: int, role: str, tokens: int, grid: tuple[int, int]) -> torch.Tensor:
+        """[tokens, 1] on the CPU (the tokens a LoRA acts on are found there, without a device sync)."""
         image = grid[0] * grid[1]
-        tokens = y.shape[1]
         if role == "text":
-            return self._text(s, tokens, y).unsqueeze(-1)
-        mapped = self.weights.at(*grid, y.device, y.dtype)[s].flatten()
+            return self._text(s, tokens).unsqueeze(-1)
+        mapped = self.weights.at(*grid, torch.device("cpu"), torch.float32)[s].flatten()
         if role == "joint" and tokens > image:
-            return torch.cat([self._text(s, tokens - image, y), mapped]).unsqueeze(-1)
+            return torch.cat([self._text(s, tokens - image), mapped]).unsqueeze(-1)
         if tokens != image:
             raise CoupleError(f"attention couple: {tokens} image tokens where the latent gives a "
                               f"{grid[0]}x{grid[1]} patch grid; reference latents (Kontext, edit models) "

@@ -4,7 +4,8 @@ Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv/Norm module holds ever
 
     low-rank hook h with down A_h (r_h, in[, kh, kw]) and up B_h (out, r_h), scale alpha_h / r_h
     forward:  y[rows] += s * scale_h * ((x[rows] (*) A_h) (*) B_h)   rows: a run where h has strength s
-              (times a per-token weight w_h(t) where the call gives h one: ``RowStrengths.weights``)
+              (times a per-token weight w_h(t) where the call gives h one: ``RowStrengths.weights``;
+              a ``TokenSubset`` weight: x and y only at the tokens where w_h > 0, gathered, added back)
     dense hooks (LoHa, LoKr, DoRA, model-as-LoRA, LoCon with a mid weight, bias diffs):
               y[rows] += s * (x[rows] (*) D_h)                         D_h materialised by the caller
     replacing dense hooks (weights rounded like LoraLoader, D_h = round(W + dW(s)) - W in fp32):
@@ -36,15 +37,43 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths", "TokenWeights",
-           "module_kind"]
+__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths", "TokenSubset",
+           "TokenWeights", "module_kind"]
 
 _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
 _CONV_FN = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}
 
 Run = tuple[int, int, float]  # chunks [start, stop) sharing one nonzero strength
 # (hook, module, output) -> a weight broadcasting against the output's rows (None: weight 1 everywhere)
-TokenWeights = Callable[[int, torch.nn.Module, torch.Tensor], "torch.Tensor | None"]
+TokenWeights = Callable[[int, torch.nn.Module, torch.Tensor], "torch.Tensor | TokenSubset | None"]
+
+
+@dataclass(frozen=True)
+class TokenSubset:
+    """A per-token weight that is 0 on some tokens: ``dense`` as a plain weight (broadcasting against
+    the output's rows), ``index`` the tokens where it is not 0 and ``values`` its weights there.
+
+    Tokens are dim 1 of a [B, T, C] output (``dense`` [T, 1], ``values`` [n, 1]) or the flattened
+    positions of a [B, C, h, w] convolution's (``dense`` [h, w], ``values`` [n]). A low-rank delta
+    is then computed on those tokens only; elsewhere the output is left as it is (bit for bit).
+    """
+
+    dense: torch.Tensor
+    index: torch.Tensor
+    values: torch.Tensor
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, device: torch.device, dtype: torch.dtype,
+           positions: bool = False) -> torch.Tensor | TokenSubset:
+        """``weight`` (on the CPU, so finding its tokens costs no device sync) on ``device`` in ``dtype``:
+        a subset where it is 0 on some token, else the tensor itself."""
+        flat = weight.to(dtype).flatten()
+        index = flat.nonzero().flatten()
+        dense = weight.to(device, dtype)
+        if index.numel() == flat.numel():
+            return dense
+        values = flat[index].to(device)
+        return cls(dense, index.to(device), values if positions else values.unsqueeze(-1))
 
 
 def module_kind(module: torch.nn.Module) -> str | None:
@@ -187,12 +216,17 @@ class ModuleDeltas:
                 strength, alpha = (1.0, value) if d.linear else (value, 1.0)
                 if strength not in fetched:
                     fetched[strength] = d.fetch(x.device, x.dtype, strength)
-                self._add_dense(module, d, fetched[strength], x[a:b], y[a:b], alpha, weigh(d.hook, module, y))
+                self._add_dense(module, d, fetched[strength], x[a:b], y[a:b], alpha,
+                                _dense(weigh(d.hook, module, y)))
         return y
 
     def _add_low_rank(self, module: torch.nn.Module, d: LowRankDelta, x: torch.Tensor, y: torch.Tensor,
-                      alpha: float, weight: torch.Tensor | None = None) -> None:
+                      alpha: float, weight: torch.Tensor | TokenSubset | None = None) -> None:
         down, up = self._factors(d, x.device, x.dtype)
+        if isinstance(weight, TokenSubset):
+            if self._add_subset(module, down, up, x, y, alpha, weight):
+                return
+            weight = weight.dense
         h = self._op(module, x, down, spatial=True)
         if weight is not None:  # the delta per token times its weight: weigh h (rank wide), not h B^T
             h = h * weight.to(h.dtype)
@@ -203,6 +237,25 @@ class ModuleDeltas:
             y.add_(h @ up, alpha=alpha)
         else:
             y.add_(self._op(module, h, up, spatial=False), alpha=alpha)
+
+    def _add_subset(self, module: torch.nn.Module, down: torch.Tensor, up: torch.Tensor, x: torch.Tensor,
+                    y: torch.Tensor, alpha: float, subset: TokenSubset) -> bool:
+        """The low-rank delta on the subset's tokens only: gathered from x, weighted, added back into y
+        (``index_add_``). False where the module's shapes do not allow it (the caller goes dense)."""
+        if subset.index.numel() == 0:
+            return True  # weight 0 on every token: nothing to add
+        if self.kind == "linear" and x.ndim == 3 and subset.values.ndim == 2 \
+                and y.shape[1] == subset.dense.shape[0]:
+            h = F.linear(x.index_select(1, subset.index), down) * subset.values.to(x.dtype)
+            y.index_add_(1, subset.index, (h @ up).to(y.dtype), alpha=alpha)
+            return True
+        if self.kind == "conv2d" and _pointwise(module) and module.groups == 1 and x.ndim == 4 \
+                and subset.values.ndim == 1 and y.is_contiguous() and x.shape[-2:] == y.shape[-2:]:
+            h = down.flatten(1) @ x.flatten(2).index_select(2, subset.index)  # (rows, r, n)
+            out = up.flatten(1) @ (h * subset.values.to(x.dtype))
+            y.view(*y.shape[:2], -1).index_add_(2, subset.index, out.to(y.dtype), alpha=alpha)
+            return True
+        return False
 
     def _factors(self, d: LowRankDelta, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """(down, up) shaped for ``_op``, Linear's up transposed for ``addmm_``; the views are made once.
@@ -310,6 +363,10 @@ class ModuleDeltas:
 
 def _unweighted(hook: int, module: torch.nn.Module, y: torch.Tensor) -> None:
     return None
+
+
+def _dense(weight: torch.Tensor | TokenSubset | None) -> torch.Tensor | None:
+    return weight.dense if isinstance(weight, TokenSubset) else weight
 
 
 def _pointwise(conv: torch.nn.Module) -> bool:

@@ -218,3 +218,33 @@ def test_linear_delta_on_a_non_contiguous_output(lr):
         expected = lin(x) + 0.5 * 3.0 * F.linear(F.linear(x, d.down), d.up)
         out = deltas.apply(lin, x, y, lr.RowStrengths([[3.0], [3.0]]))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["linear", "pointwise", "conv3x3"])
+def test_token_subset_adds_the_delta_on_its_tokens_only(lr, kind):
+    """A per-token weight that is 0 on most tokens (an Attention Couple region): the delta is computed on
+    the other tokens only (gathered; a 3x3 convolution falls back to the dense weight), equals the weight
+    baked per token there, and leaves every other token of the output bit-identical."""
+    g = _gen(6)
+    if kind == "linear":
+        module, x, w = torch.nn.Linear(6, 5), torch.randn(2, 12, 6, generator=g), torch.zeros(12, 1)
+    else:
+        k = 1 if kind == "pointwise" else 3
+        module = torch.nn.Conv2d(6, 5, k, padding=k // 2)
+        x, w = torch.randn(2, 6, 3, 4, generator=g), torch.zeros(3, 4)
+    w.view(-1)[[2, 3, 7]] = torch.tensor([0.25, 1.0, 0.5])
+    d = lr.LowRankDelta(0, torch.randn(2, *module.weight.shape[1:], generator=g),
+                        torch.randn(5, 2, *([1, 1] if kind != "linear" else []), generator=g), 0.5)
+    deltas = lr.ModuleDeltas("linear" if kind == "linear" else "conv2d", tuple(module.weight.shape), [d])
+    subset = lr.TokenSubset.of(w, x.device, x.dtype, positions=kind != "linear")
+    assert isinstance(subset, lr.TokenSubset) and subset.index.tolist() == [2, 3, 7]
+    assert not isinstance(lr.TokenSubset.of(w + 1.0, x.device, x.dtype), lr.TokenSubset)  # no 0: dense
+    with torch.no_grad():
+        plain = module(x)
+        out = deltas.apply(module, x, plain.clone(), lr.RowStrengths([[2.0]], lambda h, m, y: subset))
+        baked = (d.up.reshape(5, 2) @ d.down.flatten(1)).view(module.weight.shape)  # B @ A
+        delta = F.linear(x, baked) if kind == "linear" else F.conv2d(x, baked, padding=module.padding)
+    expected = plain + 2.0 * 0.5 * delta * w  # w [12, 1] over tokens, [3, 4] over positions
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    outside = (w == 0).expand_as(out)
+    assert torch.equal(out[outside], plain[outside])
