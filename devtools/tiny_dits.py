@@ -1,12 +1,13 @@
-"""Tiny 2026 diffusion transformers that ComfyUI's own loader detects, and LoRAs as their trainers write them.
+"""Tiny 2026 diffusion transformers (and an SD2.x UNet) that ComfyUI's own loader detects, and LoRAs as their
+trainers write them.
 
 Fast Hooks must be checked on the families people run today, and none can be downloaded, so this
 module builds each family in memory: ComfyUI's own class on the meta device gives the real key
 layout (``double_blocks.0.img_attn.qkv.weight``, ``blocks.0.self_attn.q.weight``, ...) at the smallest
 width detection allows; deterministic weights (tiny_weights.uniform) fill it; and
 ``comfy.sd.load_diffusion_model_state_dict`` (what UNETLoader runs, comfy/model_detection.py
-included) must load it as the expected model class, with no key left over or missing. No file is
-written: every family is ~1-3 M parameters and builds in well under a second.
+included) must load it as the expected model config and class, with no key left over or missing. No
+file is written: every DiT is ~1-3 M parameters and builds in well under a second (SD2.x: 18.8 M, 0.6 s).
 
 Sizes detection fixes (ComfyUI 0.33 unless said):
 - Flux.2: heads = hidden / sum(axes_dim) = hidden / 128, so hidden 128 and one head; 128 latent
@@ -19,11 +20,20 @@ Sizes detection fixes (ComfyUI 0.33 unless said):
 - HunyuanVideo 1.0: as 1.5 (heads = hidden / 128), with the 768-wide CLIP-L pooled input (vector_in,
   which tells 1.0 from HunyuanImage 2.1) and guidance_in; 16 channels, patch [1, 2, 2]: 1.65 M parameters.
 - LTX-Video: 32 heads of to_k.shape[0] / 32, so 32 heads of 4 (128 wide); caption input 4096.
-Small, but not built here yet (each loads through ComfyUI's loader as its class, no key left over):
-- HunyuanImage 2.1: 128 wide, 9.0 M, 7.5 M of them its fixed 1472-to-2048 ByT5 mapper (both versions).
-- Cosmos Predict2: below 2048 wide the class keeps 16 heads, and 128 wide makes 8-wide heads that its
-  3-D RoPE divides by zero, so 256 wide: 2.7 M with one block on 0.33; 0.3.75 also keeps the class's 10
-  blocks there (22.8 M), so it would be ``newer_only``.
+- HunyuanImage 2.1: as HunyuanVideo (heads = hidden / 128), no vector_in and no SigLIP input (detection
+  picks HunyuanImage21 by them), 64 channels, patch [1, 1]: 128 wide, 1.49 M. Its ByT5 glyph mapper
+  (byt5_in, fixed at 1472-2048-2048, 7.5 M) is left out: detection and the class take a file without it,
+  the forward skips it without glyph text, and with it the Extract LoRA test took 2.8 s (0.1 s without).
+  Both versions.
+- Cosmos Predict2 (CosmosT2IPredict2): below 2048 wide the class keeps 16 heads, and 128 wide makes 8-wide
+  heads that its 3-D RoPE divides by zero, so 256 wide: 2.7 M with one block; text input 1024 wide
+  (fixed). ComfyUI 0.3.75 also fixes 10 blocks below 2048 wide (22.8 M): tested on 0.33 only.
+- SD2.x: SD20 needs model_channels 320, context 1024 and linear proj_in/out (heads of 64); one level,
+  one res block, transformers in input_blocks.1 and output_blocks.1 only (the middle block one res
+  block): 18.8 M, detected as SD20 eps. ComfyUI tells SD2.1 768-v only by the std of
+  ``output_blocks.11.1.transformer_blocks.0.norm1.bias``, which takes 12 output blocks (83 M at width 320),
+  so the tests make it v-prediction with core's ModelSamplingDiscrete, as for any 768-v file it
+  misdetects. Both versions.
 
 Families that cannot be made small (README-ready; not built here, not parametrized):
 (parameters counted on ComfyUI 0.33's classes with one block or layer of each kind)
@@ -51,11 +61,15 @@ LoRA formats (rank 4, on every attention and MLP linear of the blocks), per fami
 - "diffusers" (Flux.2, SD3.5): PEFT ``transformer.transformer_blocks.0.attn.to_q.lora_A.weight``; ComfyUI
   maps q, k, v (and Flux.2's single-block ``to_qkv_mlp_proj``) onto slices of the fused weights.
 - "kohya": ``lora_unet_<module with _>.lora_down/lora_up`` + alpha, as sd-scripts (SD3.5:
-  ``lora_unet_joint_blocks_0_x_block_attn_qkv``) and musubi-tuner (Wan, HunyuanVideo:
+  ``lora_unet_joint_blocks_0_x_block_attn_qkv``) and musubi-tuner (Wan, HunyuanVideo, HunyuanImage 2.1:
   ``lora_unet_blocks_0_self_attn_q``) write them.
 - "ai-toolkit": ``diffusion_model.<module>.lora_A/lora_B`` (ai-toolkit's Wan LoRAs:
   ``diffusion_model.blocks.0.self_attn.q.lora_A.weight``; Flux.2 in its own module names).
 - "diffusion-pipe" (HunyuanVideo 1.0 and 1.5): ``transformer.double_blocks.0.img_attn_qkv.lora_A.weight``.
+- "comfy-peft" (HunyuanImage 2.1, Cosmos Predict2): PEFT in ComfyUI's module names,
+  ``diffusion_model.blocks.0.self_attn.q_proj.lora_A.weight`` (ComfyUI maps these for every model).
+- "kohya" on SD2.x: sd-scripts' diffusers-style names (``lora_unet_down_blocks_0_attentions_0_proj_in``),
+  from comfy.lora's key map.
 - "ltx-trainer" (LTX-Video): LTX-Video-Trainer's, converted for ComfyUI:
   ``diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`` (the bare ``transformer_blocks.0...``
   names are mapped for LTXV by ComfyUI 0.33 only: 0.3.75's LoraLoader loads nothing of them).
@@ -76,7 +90,8 @@ if TYPE_CHECKING:
 
 RANK = 4
 LORA_REL = 0.15  # the delta's std relative to the weight's: 2.5 x tiny_models', for a clear effect in 2 steps
-_BLOCKS = ("double_blocks.", "single_blocks.", "blocks.", "joint_blocks.", "transformer_blocks.")
+_BLOCKS = ("double_blocks.", "single_blocks.", "blocks.", "joint_blocks.", "transformer_blocks.",
+           "input_blocks.", "middle_block.", "output_blocks.")
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,7 @@ class Family:
     cond: tuple[int, int, int]  # text tokens, token width, pooled width
     loras: tuple[LoraFormat, ...]  # the first is the one the regional and two-stage tests use
     newer_only: bool = False  # ComfyUI 0.3.75 cannot build it small
+    unet: bool = False  # an SD UNet: kohya names its modules as diffusers does (``down_blocks_0_...``)
 
     @property
     def video(self) -> bool:
@@ -115,6 +131,7 @@ _ATTN = tuple(f".attn.{p}" for p in ("to_q", "to_k", "to_v", "add_q_proj", "add_
 _FLUX2_SINGLE = (".attn.to_qkv_mlp_proj", ".attn.to_out")
 _DOUBLE_SINGLE = ("_attn.qkv", "_attn.proj", "_mlp.0", "_mlp.2", ".linear1", ".linear2")  # Flux-style blocks
 _WAN_TARGETS = tuple(f"_attn.{p}" for p in "qkvo") + (".ffn.0", ".ffn.2")
+_COSMOS_TARGETS = (*(f"_attn.{p}_proj" for p in "qkv"), "_attn.output_proj", ".mlp.layer1", ".mlp.layer2")
 FAMILIES = {f.name: f for f in (
     Family(
         name="flux2", supported="Flux2", model_class="Flux2", newer_only=True,
@@ -163,6 +180,39 @@ FAMILIES = {f.name: f for f in (
         latent=(16, 2, 8, 8), cond=(8, 64, 768),
         loras=(LoraFormat("diffusion-pipe", _DOUBLE_SINGLE), LoraFormat("kohya", _DOUBLE_SINGLE))),
     Family(
+        name="hunyuan21", supported="HunyuanImage21", model_class="HunyuanImage21",
+        config=dict(image_model="hunyuan_video", in_channels=64, patch_size=[1, 1], out_channels=64,
+                    vec_in_dim=None, axes_dim=[64, 64], meanflow=False, context_in_dim=64,
+                    hidden_size=128, mlp_ratio=4.0, num_heads=1, depth=1, depth_single_blocks=1, theta=256,
+                    qkv_bias=True, byt5=False, guidance_embed=False, use_cond_type_embedding=False,
+                    vision_in_dim=None, meanflow_sum=False),
+        latent=(64, 8, 8), cond=(8, 64, 8),
+        loras=(LoraFormat("kohya", _DOUBLE_SINGLE), LoraFormat("comfy-peft", _DOUBLE_SINGLE))),
+    Family(
+        name="cosmos2", supported="CosmosT2IPredict2", model_class="CosmosPredict2", newer_only=True,
+        config=dict(image_model="cosmos_predict2", max_img_h=240, max_img_w=240, max_frames=128,
+                    in_channels=16, out_channels=16, patch_spatial=2, patch_temporal=1, model_channels=256,
+                    concat_padding_mask=True, crossattn_emb_channels=1024, pos_emb_cls="rope3d",
+                    pos_emb_learnable=True, pos_emb_interpolation="crop", min_fps=1, max_fps=30,
+                    use_adaln_lora=True, adaln_lora_dim=256, num_blocks=1, extra_per_block_abs_pos_emb=False,
+                    rope_h_extrapolation_ratio=4.0, rope_w_extrapolation_ratio=4.0,
+                    rope_t_extrapolation_ratio=1.0, extra_h_extrapolation_ratio=1.0,
+                    extra_w_extrapolation_ratio=1.0, extra_t_extrapolation_ratio=1.0,
+                    rope_enable_fps_modulation=False),
+        latent=(16, 1, 8, 8), cond=(8, 1024, 8),
+        loras=(LoraFormat("kohya", _COSMOS_TARGETS), LoraFormat("comfy-peft", _COSMOS_TARGETS))),
+    Family(
+        name="sd2", supported="SD20", model_class="BaseModel", unet=True,
+        config=dict(use_checkpoint=False, image_size=32, use_spatial_transformer=True, legacy=False,
+                    adm_in_channels=None, in_channels=4, out_channels=4, model_channels=320,
+                    num_res_blocks=[1], transformer_depth=[1], transformer_depth_output=[0, 1],
+                    channel_mult=[1], transformer_depth_middle=-1, use_linear_in_transformer=True,
+                    context_dim=1024, use_temporal_resblock=False, use_temporal_attention=False),
+        latent=(4, 8, 8), cond=(8, 1024, 1024),
+        loras=(LoraFormat("kohya", (*(f".attn{a}.{p}" for a in (1, 2)
+                                      for p in ("to_q", "to_k", "to_v", "to_out.0")),
+                                    ".ff.net.0.proj", ".ff.net.2", ".proj_in", ".proj_out")),)),
+    Family(
         name="ltxv", supported="LTXV", model_class="LTXV",
         config=dict(image_model="ltxv", num_layers=1, attention_head_dim=4, cross_attention_dim=128,
                     use_keyframes_abs_pos_embedding=False),
@@ -185,6 +235,7 @@ LORA_NAMES = {  # module name -> (LoRA module name, kohya layout with alpha?)
     "ai-toolkit": lambda m: ("diffusion_model." + m, False),
     "diffusion-pipe": lambda m: ("transformer." + _diffusion_pipe(m), False),
     "ltx-trainer": lambda m: ("diffusion_model." + m, False),
+    "comfy-peft": lambda m: ("diffusion_model." + m, False),
 }
 DIFFUSERS_MAPS = {"flux2": "flux_to_diffusers", "sd35": "mmdit_to_diffusers"}  # comfy.utils functions
 
@@ -219,6 +270,7 @@ def _config(family: Family) -> dict[str, Any]:
 
     params = {"flux2": comfy.ldm.flux.model.FluxParams,
               "hunyuan10": comfy.ldm.hunyuan_video.model.HunyuanVideoParams,
+              "hunyuan21": comfy.ldm.hunyuan_video.model.HunyuanVideoParams,
               "hunyuan15": comfy.ldm.hunyuan_video.model.HunyuanVideoParams}.get(family.name)
     return dict(family.config) if params is None else _known_fields(family.config, params)
 
@@ -252,10 +304,12 @@ def load(family: Family, variant: str = "") -> ModelPatcher:
     tensors = state_dict(family, variant)
     patcher = comfy.sd.load_diffusion_model_state_dict(dict(tensors))
     expected = getattr(comfy.model_base, family.model_class)
-    if patcher is None or type(patcher.model) is not expected:
-        built = None if patcher is None else type(patcher.model).__name__
-        raise RuntimeError(f"ComfyUI loads tiny {family.name} as {built}, not {expected.__name__}: "
-                           "fix its config.")
+    if patcher is None or type(patcher.model) is not expected \
+            or type(patcher.model.model_config).__name__ != family.supported:
+        built = None if patcher is None else \
+            f"{type(patcher.model.model_config).__name__} ({type(patcher.model).__name__})"
+        raise RuntimeError(f"ComfyUI loads tiny {family.name} as {built}, not {family.supported} "
+                           f"({expected.__name__}): fix its config.")
     loaded = set(patcher.model.diffusion_model.state_dict())
     if loaded != set(tensors):
         raise RuntimeError(f"tiny {family.name}: keys differ from the loaded model's: "
@@ -312,21 +366,35 @@ def lora(family: Family, patcher: ModelPatcher, fmt: LoraFormat | None = None) -
     seed = f"tiny-dit-lora/{family.name}/{fmt.name}"
     if fmt.name == "diffusers":
         return _diffusers_lora(family, fmt.targets, patcher, seed)
+    names = _unet_kohya_names(patcher) if family.unet else {}
     out: Tensors = {}
     for module_name, module in patcher.model.diffusion_model.named_modules():
         if isinstance(module, torch.nn.Linear) and module_name.startswith(_BLOCKS) \
                 and module_name.endswith(fmt.targets):
             name, kohya = LORA_NAMES[fmt.name](module_name)
-            out.update(_pair(name, tuple(module.weight.shape), kohya, seed))
+            out.update(_pair(names.get(module_name, name), tuple(module.weight.shape), kohya, seed))
     return out
 
 
+def _unet_kohya_names(patcher: ModelPatcher) -> dict[str, str]:
+    """UNet module -> the name kohya's sd-scripts write for it, diffusers-style
+    (``lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q``), from comfy.lora's key map."""
+    import comfy.lora
+
+    ldm = {"lora_unet_" + k.removeprefix("diffusion_model.").removesuffix(".weight").replace(".", "_")
+           for k in patcher.model.state_dict() if k.startswith("diffusion_model.")}
+    return {key.removeprefix("diffusion_model.").removesuffix(".weight"): name
+            for name, key in comfy.lora.model_lora_keys_unet(patcher.model, {}).items()
+            if name.startswith("lora_unet_") and name not in ldm}
+
+
 def deeper(family: Family, blocks: int = 2) -> Family:
-    """``family`` with ``blocks`` blocks where it has a single stack of one (Wan, LTX-Video), so a block
-    map can tell two of them apart; other families are returned as they are."""
-    if "num_layers" not in family.config:
+    """``family`` with ``blocks`` blocks where it has a single stack of one (Wan, LTX-Video, Cosmos
+    Predict2), so a block map can tell two of them apart; other families are returned as they are."""
+    field = next((f for f in ("num_layers", "num_blocks") if f in family.config), None)
+    if field is None:
         return family
-    return dataclasses.replace(family, config={**family.config, "num_layers": blocks})
+    return dataclasses.replace(family, config={**family.config, field: blocks})
 
 
 def lycoris(family: Family, patcher: ModelPatcher, algo: str) -> Tensors:

@@ -1,33 +1,5 @@
-"""A1111 LoRA Block Weight vectors and presets (``lbw=OUTALL``, ``lbw=1,0,0,...``) as Patchbay block maps.
-
-    block_map("OUTALL", "sd15")                 -> LbwMap({"BASE": 1.0, "IN00": 0.0, ..., "OUT11": 1.0})
-    block_map("1,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1,1", "sd15")  -> the same map
-    check_spec("MIDD")                          -> raises LbwError for an unknown preset or a bad list
-
-Data flow: a ``<lora:name:1:lbw=OUTALL>`` tag (hooks/prompt_tags.py keeps the text after ``lbw=``) or a
-Hook Block Weights ``blocks`` text that is a preset name or a number list (``is_lbw``) -> ``block_map``
--> the block=strength map the block-name form (``IN00=0, OUT*=1``) parses to -> nodes/hook_blocks.py's
-strength function -> hooks/block_weights.block_weighted. Both forms end in the same map, so a preset
-equals its block-name form exactly.
-
-What the vectors mean follows hako-mikan/sd-webui-lora-block-weight (its README and the layouts and
-default presets of scripts/lora_block_weight.py), restated here:
-
-- SD1.5: 17 values (BASE, IN01, IN02, IN04, IN05, IN07, IN08, M00, OUT03..OUT11: the blocks a LoRA
-  patches) or 26 (BASE, IN00..IN11, M00, OUT00..OUT11). SDXL: 12 (BASE, IN04, IN05, IN07, IN08, M00,
-  OUT00..OUT05) or 20 (BASE, IN00..IN08, M00, OUT00..OUT08). Flux.1: 61 (CLIP, T5, IN, D00..D18,
-  S00..S37, OUT; IN = img_in, txt_in, time_in, vector_in, guidance_in; OUT = final_layer).
-- A block a short vector leaves out gets 0 (the extension's README: "any layers not provided will be
-  treated as having a weight of 0"). BASE is the text encoder (with Set CLIP Hooks).
-- The default presets are 17-value SD1.5 vectors (and FLUXALL, 61 values). On SDXL the extension applies
-  a 17-value preset by block name, and so does this module: OUTALL sets OUT03..OUT08 (the names SDXL
-  has), not SDXL's deep OUT00..OUT02. A number list must have one of its architecture's own lengths.
-- The extension defines vectors and presets for no other family of merge/architectures.py (SD2 shares
-  SD1.5's names but not its presets here; SD3, Wan, Qwen-Image, ...): use the block-name form there.
-- One difference: keys in no block of the extension (SD1.5's time_embed, out.*) keep strength 1 there;
-  here they follow BASE / the last OUT block as in the block-name form. LoRA files rarely patch them.
-
-Standard library only; errors (LbwError) name the value, the allowed names or lengths and the fix.
+"""A1111 LoRA Block Weight vectors and presets (``lbw=OUTALL``, ``lbw=1,0,0,...``) as Patchbay block maps,
+so prompts and workflows written for that extension keep their meaning.
 """
 
 from __future__ import annotations
@@ -56,6 +28,7 @@ _FLUX61 = ("CLIP", "T5", "IN", *_ids("D", 19), *_ids("S", 38), "OUT")
 # architecture -> {vector length: the extension's block ids in vector order}; the first is the full one
 LAYOUTS: dict[str, dict[int, tuple[str, ...]]] = {
     "sd15": {26: _SD26, 17: _SD17},
+    "sd2": {26: _SD26, 17: _SD17},  # the extension's SD1/SD2 vectors: one UNet layout, kohya names the same
     "sdxl": {20: _XL20, 12: _XL12},
     "flux": {61: _FLUX61},
 }
@@ -149,7 +122,38 @@ def check_spec(spec: str) -> None:
 
 
 def block_map(spec: str, arch: str) -> LbwMap:
-    """The block map that preset or number list ``spec`` gives on ``arch`` (sd15, sdxl or flux)."""
+    """The block map that preset or number list ``spec`` gives on ``arch`` (sd15, sdxl or flux).
+
+        block_map("OUTALL", "sd15")                 -> LbwMap({"BASE": 1.0, "IN00": 0.0, ..., "OUT11": 1.0})
+        block_map("1,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1,1", "sd15")  -> the same map
+        check_spec("MIDD")                          -> raises LbwError for an unknown preset or a bad list
+
+    Data flow: a ``<lora:name:1:lbw=OUTALL>`` tag (hooks/prompt_tags.py keeps the text after ``lbw=``) or a
+    Hook Block Weights ``blocks`` text that is a preset name or a number list (``is_lbw``) -> ``block_map``
+    -> the block=strength map the block-name form (``IN00=0, OUT*=1``) parses to -> nodes/hook_blocks.py's
+    strength function -> hooks/block_weights.block_weighted. Both forms end in the same map, so a preset
+    equals its block-name form exactly.
+
+    What the vectors mean follows hako-mikan/sd-webui-lora-block-weight (its README and the layouts and
+    default presets of scripts/lora_block_weight.py), restated here:
+
+    - SD1.5: 17 values (BASE, IN01, IN02, IN04, IN05, IN07, IN08, M00, OUT03..OUT11: the blocks a LoRA
+      patches) or 26 (BASE, IN00..IN11, M00, OUT00..OUT11). SDXL: 12 (BASE, IN04, IN05, IN07, IN08, M00,
+      OUT00..OUT05) or 20 (BASE, IN00..IN08, M00, OUT00..OUT08). Flux.1: 61 (CLIP, T5, IN, D00..D18,
+      S00..S37, OUT; IN = img_in, txt_in, time_in, vector_in, guidance_in; OUT = final_layer).
+    - A block a short vector leaves out gets 0 (the extension's README: "any layers not provided will be
+      treated as having a weight of 0"). BASE is the text encoder (with Set CLIP Hooks).
+    - The default presets are 17-value SD1.5 vectors (and FLUXALL, 61 values). On SDXL the extension applies
+      a 17-value preset by block name, and so does this module: OUTALL sets OUT03..OUT08 (the names SDXL
+      has), not SDXL's deep OUT00..OUT02. A number list must have one of its architecture's own lengths.
+    - SD2.x takes SD1.5's vectors and presets (the extension applies them to both: one UNet layout, the
+      same LoRA key names). It defines none for the other families of merge/architectures.py (SD3, Wan,
+      Qwen-Image, ...): use the block-name form there.
+    - One difference: keys in no block of the extension (SD1.5's time_embed, out.*) keep strength 1 there;
+      here they follow BASE / the last OUT block as in the block-name form. LoRA files rarely patch them.
+
+    Errors (LbwError) name the value, the allowed names or lengths and the fix.
+    """
     layouts = LAYOUTS.get(arch)
     if layouts is None:
         raise LbwError(f"LoRA Block Weight vectors are defined for {', '.join(LAYOUTS)}, not {arch}; use "

@@ -51,6 +51,13 @@ def test_sd15_presets_give_the_documented_blocks(lbw, preset):
     assert lbw.block_map(preset, "sd15").blocks == PRESET_BLOCKS[preset]
 
 
+@pytest.mark.parametrize("spec", ["OUTALL", "MIDD", "1,0,0,0,0,0,0,0,1,1,1,1,1,1,1,1,1",
+                                  ",".join(["0.5"] * 26)])
+def test_sd2_takes_the_sd15_vectors_and_presets(lbw, spec):
+    """The extension applies its SD1 vectors to SD2 LoRAs (the same UNet blocks and kohya key names)."""
+    assert lbw.block_map(spec, "sd2").blocks == lbw.block_map(spec, "sd15").blocks
+
+
 def test_half_preset_lower_case_and_comments(lbw):
     half = {b: v * 0.5 for b, v in PRESET_BLOCKS["ALL"].items()}
     assert lbw.block_map("ALL0.5", "sd15").blocks == half
@@ -88,13 +95,13 @@ def test_flux_vector_names(lbw):
 @pytest.mark.parametrize(("spec", "arch", "needles"), [
     ("OUTAL", "sd15", ["'OUTAL' is no LoRA Block Weight preset", "did you mean 'OUTALL'", "MIDD"]),
     ("MID", "sd15", ["did you mean 'MIDD'"]),
-    ("1,1,1", "sd15", ["has 3 values", "sd15: 17 or 26; sdxl: 12 or 20; flux: 61"]),
+    ("1,1,1", "sd15", ["has 3 values", "sd15: 17 or 26; sd2: 17 or 26; sdxl: 12 or 20; flux: 61"]),
     (",".join(["1"] * 17), "sdxl", ["a list of 17 values does not fit sdxl, which takes 12 or 20 values"]),
     (",".join(["1"] * 12), "sd15", ["does not fit sd15, which takes 17 or 26"]),
     ("OUTALL", "flux", ["preset 'OUTALL' (an SD1.5 LoRA vector, 17 values) does not fit flux"]),
     ("FLUXALL", "sd15", ["preset 'FLUXALL' (a Flux vector, 61 values) does not fit sd15"]),
     ("1,R,0", "sd15", ["value 2 ('R')", "random values are not supported"]),
-    ("ALL", "sd3", ["defined for sd15, sdxl, flux, not sd3", "block=strength items"]),
+    ("ALL", "sd3", ["defined for sd15, sd2, sdxl, flux, not sd3", "block=strength items"]),
 ])
 def test_lbw_errors_name_the_value_and_the_fix(lbw, spec, arch, needles):
     with pytest.raises(lbw.LbwError) as info:

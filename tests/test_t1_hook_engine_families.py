@@ -1,4 +1,5 @@
-"""T1: Fast Hooks on the 2026 families: tiny Flux.2, SD3.5, Wan 2.1, 2.2 5B, HunyuanVideo 1.0, 1.5, LTX-Video.
+"""T1: Fast Hooks on the 2026 families: tiny Flux.2, SD3.5, Wan 2.1, 2.2 5B, HunyuanVideo 1.0, 1.5, LTX-Video,
+HunyuanImage 2.1, Cosmos Predict2, and an SD2.x UNet.
 
 Each model is built in memory with ComfyUI's own classes and loaded by its real loader (detection
 included), each LoRA in the format its trainers write (devtools/tiny_dits.py; which families cannot be
@@ -12,9 +13,10 @@ made small, and why, is said there). Conditioning is synthesized (devtools/arch_
   other is a per-frame ``[T, H, W]`` mask.
 - Wan 2.2 14B's two stages (KSamplerAdvanced, steps 0-2 of 3 on the high-noise expert, 2-3 on the
   low-noise one) with a LoRA hook on the high-noise stage only equal LoraLoader on the high-noise model.
+- SD2.1 768-v: the tiny SD2 UNet with v-prediction set by core's ModelSamplingDiscrete, as the first test.
 
-Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): it is not collected on
-0.3.75.
+Flux.2 and Cosmos Predict2 are built small on ComfyUI 0.33 only (0.3.75 fixes Flux.2's 48 heads, 6144
+wide, and Cosmos Predict2's 10 blocks): they are not collected on 0.3.75.
 """
 
 from __future__ import annotations
@@ -102,6 +104,31 @@ def test_fast_hooks_equal_loraloader_and_core_hooks(dits, engine, weights_digest
     modules = sum(key.endswith((".lora_A.weight", ".lora_down.weight")) for key in lora)
     assert not unmatched and len(loraloader_keys) == modules, "ComfyUI does not map every LoRA module"
     assert parsed.reason is None and set(parsed.patches) == set(loraloader_keys), "not every weight claimed"
+    assert weights_digest(model) == before and not model.patches and not model.hook_patches
+
+
+def test_sd2_768_v_fast_hooks_equal_loraloader_and_core_hooks(dits, engine, weights_digest):
+    """SD2.1 768-v is the tiny SD2 UNet sampled as v-prediction: ComfyUI reads the prediction from
+    output_blocks.11's norm bias, which a one-level UNet lacks (tiny_dits), so core's
+    ModelSamplingDiscrete node sets it, as for any v-prediction file detection misses."""
+    import comfy.model_sampling
+
+    import nodes
+
+    family, model, lora = dits.get("sd2")
+    before = weights_digest(model)
+    (vpred,) = nodes.NODE_CLASS_MAPPINGS["ModelSamplingDiscrete"]().patch(model, "v_prediction", False)
+    expected = sample(family, arch_sampling.load_lora(vpred, lora, STRENGTH))
+    effect = (expected - sample(family, vpred)).abs().max().item()
+    assert effect > 1e-2 * expected.abs().max().item(), "the LoRA does (almost) nothing"
+    assert isinstance(vpred.get_model_object("model_sampling"), comfy.model_sampling.V_PREDICTION)
+    core = sample(family, vpred, hooks=arch_sampling.hook_lora(lora, STRENGTH))
+    assert_within(core, expected, effect, "sd2 768-v: core's hook vs LoraLoader")
+    fast = engine.enable_hook_engine(vpred)
+    plans = engine.hook_engine_of(fast).plans_built
+    actual = sample(family, fast, hooks=arch_sampling.hook_lora(lora, STRENGTH))
+    assert_within(actual, expected, effect, "sd2 768-v: Fast Hooks vs LoraLoader")
+    assert engine.hook_engine_of(fast).plans_built == plans + 1, "the engine did not plan the hook"
     assert weights_digest(model) == before and not model.patches and not model.hook_patches
 
 

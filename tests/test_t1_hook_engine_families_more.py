@@ -9,7 +9,9 @@ The engine must plan every hook (``plans_built``) and leave the weights as they 
   first group's LoRA tensors left out and the second's loaded by a second LoraLoader at half strength,
   within 1e-4 of the LoRA's effect (measured 4e-6 to 1.6e-5). Wan and LTX-Video get two blocks
   (``tiny_dits.deeper``) so a map can tell blocks apart; Flux.2 and HunyuanVideo 1.5 zero their double
-  block and halve the single one; SD3.5 has two joint blocks. A LoHa on Wan 2.1 takes block weights too.
+  block and halve the single one (HunyuanVideo 1.0, HunyuanImage 2.1 too); SD3.5 has two joint blocks;
+  Cosmos Predict2 gets two blocks; SD2.x zeroes IN01 and halves OUT00-01 (sd-mecha's names, a kohya LoRA
+  in diffusers-style names). A LoHa on Wan 2.1 takes block weights too.
 - LyCORIS LoHa and LoKr in kohya names (``lora_unet_blocks_0_self_attn_q.hada_w1_a``) on Wan 2.1: Fast Hooks
   equals LoraLoader within 1e-4 of the effect, every module mapped by ComfyUI and claimed by the engine.
 - ComfyUI's quantized formats (``tiny_dits.quantized``: devtools/tiny_quant.py's layouts and ComfyUI's own
@@ -34,7 +36,7 @@ The engine must plan every hook (``plans_built``) and leave the weights as they 
   latent by 0.033-0.039x the effect); the GGML tensors keep their type and bytes. Core's hook path fails
   on ComfyUI-GGUF's fake ``temp.weight`` entry, as the README says for SD1.5 and Flux.
 
-Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): not collected on 0.3.75.
+Flux.2 and Cosmos Predict2 are built small on ComfyUI 0.33 only (tiny_dits): not collected on 0.3.75.
 """
 
 from __future__ import annotations
@@ -141,6 +143,12 @@ BLOCK_CASES = {
     ("hunyuan15", "diffusion-pipe"): ("hunyuan_video15", "double_blocks.*=0, single_blocks.0=0.5",
                                       ("transformer.double_blocks.",), ("transformer.single_blocks.",)),
     ("ltxv", "ltx-trainer"): ("ltxv", "transformer_blocks.0=0, transformer_blocks.1=0.5", *_LTXV),
+    ("hunyuan21", "kohya"): ("hunyuan_image21", "double_blocks.*=0, single_blocks.0=0.5",
+                             ("lora_unet_double_blocks_",), ("lora_unet_single_blocks_",)),
+    ("cosmos2", "kohya"): ("cosmos_predict2", "blocks.0=0, blocks.1=0.5", *_WAN_KOHYA),
+    # SD2.x: sd-mecha's block names; kohya names the UNet's modules as diffusers does
+    ("sd2", "kohya"): ("sd2", "IN01=0\nOUT00-01=0.5", ("lora_unet_down_blocks_0_",),
+                       ("lora_unet_up_blocks_0_",)),
 }
 BLOCK_IDS = [case for case in BLOCK_CASES if case[0] in FAMILIES]
 

@@ -1,8 +1,9 @@
 """T1: the merge nodes and the command line on the 2026 families (issue 31, item 6).
 
 For each tiny family of devtools/tiny_dits.py that the running ComfyUI builds (Flux.2, SD3.5, Wan 2.1,
-Wan 2.2 5B, HunyuanVideo 1.0, 1.5, LTX-Video; Wan and LTX-Video with two blocks, so a block map can tell them
-apart), two variants of its diffusion model (other seeds) and a LoRA in one of its trainers' layouts that
+Wan 2.2 5B, HunyuanVideo 1.0, 1.5, HunyuanImage 2.1, Cosmos Predict2, LTX-Video, SD2.x; Wan, Cosmos Predict2
+and LTX-Video with two blocks, so a block map can tell them apart; SD2.x's blocks are sd-mecha's IN/M/OUT
+names), two variants of its diffusion model (other seeds) and a LoRA in one of its trainers' layouts that
 the merge library reads (kohya, or PEFT in ComfyUI's ``diffusion_model.`` names: ai-toolkit, LTX-Video-
 Trainer) are written once per module into temporary ``diffusion_models`` and ``loras`` folders. Through
 the merge nodes in-process:
@@ -18,7 +19,7 @@ the merge nodes in-process:
 and each result samples (one step, a tiny latent, finite). The command line merges Wan 2.1 to the bytes'
 values of the Merge node's model; Wan 2.1 + LTX-Video is refused before anything is written.
 
-Flux.2 is built small on ComfyUI 0.33 only (0.3.75 fixes 48 heads, 6144 wide): not collected on 0.3.75.
+Flux.2 and Cosmos Predict2 are built small on ComfyUI 0.33 only (tiny_dits): not collected on 0.3.75.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ pytestmark = pytest.mark.t1
 FAMILIES = tiny_dits.families()
 # tiny_dits family -> merge/architectures.py family id
 ARCH_IDS = {"flux2": "flux2", "sd35": "sd3", "wan21": "wan21", "wan22_5b": "wan22_5b",
-            "hunyuan10": "hunyuan_video", "hunyuan15": "hunyuan_video15", "ltxv": "ltxv"}
+            "hunyuan10": "hunyuan_video", "hunyuan15": "hunyuan_video15", "ltxv": "ltxv",
+            "hunyuan21": "hunyuan_image21", "cosmos2": "cosmos_predict2", "sd2": "sd2"}
 LORA_LAYOUTS = ("kohya", "ai-toolkit", "ltx-trainer")  # the layouts merge/lora.py reads
 ALPHA, STRENGTH = 0.3, 0.7
 _INDEXED = re.compile(r"^((?:[a-z]+_)*blocks)\.(\d+)\.")
@@ -162,11 +164,15 @@ def test_a_block_map_over_the_blocks_counted_from_the_file_sets_each_blocks_alph
     arch = opened.arch
     assert arch == ARCH_IDS[name] and opened.unet_only
     ta, tb = files.tensors(name, "a"), files.tensors(name, "b")
-    indexed = sorted({f"{m[1]}.{m[2]}" for m in map(_INDEXED.match, ta) if m})
-    assert len(indexed) >= 2, indexed
     names = blocks.block_names(arch, opened.canonical_keys())
-    assert [n for n in names if n in indexed] == [n for n in names if _INDEXED.match(n + ".")] and \
-        set(indexed) <= set(names), f"{name}: block names {names} vs the file's blocks {indexed}"
+    if family.unet:  # sd-mecha's fixed names (IN00, M00, OUT00, ...): those the file's keys fall in
+        indexed = [n for n in names if n in {_unet_block(arch, key) for key in ta}]
+        assert set(indexed) >= {"IN00", "IN01", "M00", "OUT00", "OUT01"}, indexed
+    else:
+        indexed = sorted({f"{m[1]}.{m[2]}" for m in map(_INDEXED.match, ta) if m})
+        assert [n for n in names if n in indexed] == [n for n in names if _INDEXED.match(n + ".")] and \
+            set(indexed) <= set(names), f"{name}: block names {names} vs the file's blocks {indexed}"
+    assert len(indexed) >= 2, indexed
     alphas = {block: (i + 1) / (len(indexed) + 1) for i, block in enumerate(indexed)}
     text = "\n".join([*(f"{block}={value}" for block, value in alphas.items()), "default=0.05"])
     (patterns,) = node("PatchbayMergeKeyPatterns").make(text, arch)
@@ -176,10 +182,19 @@ def test_a_block_map_over_the_blocks_counted_from_the_file_sets_each_blocks_alph
     model = load_model(Path(saved["result"][0]), family)
 
     def alpha(key: str) -> float:
+        if family.unet:
+            return alphas.get(_unet_block(arch, key), 0.05)
         match = _INDEXED.match(key)
         return alphas[f"{match[1]}.{match[2]}"] if match else 0.05
     assert_close(weights(model), {k: ta[k] + alpha(k) * (tb[k] - ta[k]) for k in ta}, f"{name} block map")
     samples(model, family)
+
+
+def _unet_block(arch: str, key: str) -> str:
+    """The sd-mecha block of a diffusion-model key of a UNet file (``input_blocks.1.0...`` -> IN01)."""
+    from merge import blocks
+
+    return blocks.block_of(arch, "model.diffusion_model." + key)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
