@@ -1,23 +1,16 @@
-"""LoRA hooks made the way core's hook nodes make them, plus the checks core leaves out.
-
-    lora_hook(state dict, strengths, keyframes)  -> HookGroup  (comfy.hooks.create_hook_lora + keyframes)
-    model_as_lora_hook(model, clip weights ...)  -> HookGroup  (comfy.hooks.create_hook_model_as_lora)
-    check_lora_fits(state dict, name, model, clip) raises when no key of the file patches the model
-    set_clip_hooks(clip, hooks, schedule_clip)   -> CLIP clone (core's SetClipHooks, conds carry hooks)
-
-Loading files and resolving names belongs to the node layer (folder_paths); this module only sees
-state dicts. Nothing here changes its inputs: groups are combined into new ones, CLIPs cloned.
+"""LoRA hooks made the way core's hook nodes make them, plus the checks core leaves out (a file that
+patches nothing, shapes of another model). Sees state dicts only: loading files is the node layer's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import comfy.hooks
 import comfy.lora
 import comfy.utils
 
-from .plan import misfit_message, misfitting, split_key
+from .plan import has_tensor, misfit_message, misfitting, split_key
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +41,8 @@ def lora_hook(lora: dict[str, torch.Tensor], strength_model: float, strength_cli
 
     Strengths 0 and 0 add nothing, as in core's CreateHookLora. ``name`` becomes the hook's hook_id
     (shown by the schedule preview).
+
+    Nothing here changes its inputs: groups are combined into new ones, CLIPs cloned.
     """
     if strength_model == 0 and strength_clip == 0:
         return combine(prev)
@@ -84,7 +79,7 @@ def check_lora_fits(lora: dict[str, torch.Tensor], name: str, model: ModelPatche
         key_map = comfy.lora.model_lora_keys_clip(clip.cond_stage_model, key_map)
     loaded = comfy.lora.load_lora(lora, key_map, log_missing=False)
     if loaded and model is not None:
-        unet = {k: v for k, v in loaded.items() if _names_unet(model.model, k)}
+        unet = {k: v for k, v in loaded.items() if has_tensor(model.model, split_key(k).key)}
         if misfits := misfitting(model.model, unet):
             raise LoraMismatchError(misfit_message(f"LoRA {name!r}", misfits, len(loaded), model.model))
     if not loaded:
@@ -94,14 +89,6 @@ def check_lora_fits(lora: dict[str, torch.Tensor], name: str, model: ModelPatche
             f"LoRA {name!r}: none of its {len(lora)} keys (e.g. {sample}) matches a weight of the model "
             f"({arch}); it was made for another model architecture. Pick a LoRA trained for this model.")
     return len(loaded)
-
-
-def _names_unet(base: torch.nn.Module, key: Any) -> bool:
-    """A loaded patch key naming a tensor of the diffusion model ``base`` (not of the CLIP)."""
-    try:
-        return hasattr(comfy.utils.get_attr(base, split_key(key).key), "shape")
-    except AttributeError:
-        return False
 
 
 def set_clip_hooks(clip: CLIP, hooks: comfy.hooks.HookGroup, schedule_clip: bool = False) -> CLIP:

@@ -1,21 +1,6 @@
-"""From ComfyUI WeightHooks to per-module forward deltas: what the engine can run, and how.
-
-Data flow (once per hook content and model; the result is cached by the engine)::
-
-    WeightHook (core's CreateHookLora / CreateHookModelAsLora / ours)
-      .weights: a raw LoRA state dict (need_weight_init) -> convert_lora + load_lora with the
-                model's key map, exactly as LoraLoader parses it (BFL-layout Flux LoRAs included)
-               or ready patches {key: ("model_as_lora", (tensor,)) | adapter | diff}
-      -> HookPatches(patches, reason)     reason: why the engine cannot run it (core runs it then)
-    build_modules(model, [(index, HookPatches)], dense_fetch, rounding)
-      -> {module: ModuleDeltas}: LoRA/LoCon on Linear/Conv weights as LowRankDelta (A, B used as
-         loaded), everything else as DenseDelta materialised on demand through ``dense_fetch``
-      rounding "loraloader": every patched weight stored in a lower precision than fp32 (fp8, fp16,
-         bf16; quantized ones are not rounded, see hooks/quantized.py) instead gets one DenseDelta
-         per (hook, weight), fetched per strength as round(W + dW(s)) - W with ComfyUI's own rounding
-         (``comfy.float.stochastic_rounding``, seeded by the key), the weight full-load LoraLoader
-         writes; the forward pass then recomputes the hooked rows with W plus that delta (``replace``),
-         the exact weight LoraLoader uses.
+"""From ComfyUI WeightHooks to per-module forward deltas: what the engine can run, and how (parsed as
+LoraLoader parses a file; rounding "loraloader" reproduces its rounding). Data flow:
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -37,7 +22,8 @@ from .lowrank import DenseDelta, LowRankDelta, ModuleDeltas, module_kind
 from .quantized import kept_quantized
 
 __all__ = ["ROUNDINGS", "HookPatches", "PatchKey", "ShapeMismatchError", "WideningHookError", "build_modules",
-           "dense_delta", "dense_key", "load_hook_patches", "misfit_message", "misfitting", "split_key"]
+           "dense_delta", "dense_key", "has_tensor", "load_hook_patches", "misfit_message", "misfitting",
+           "split_key"]
 
 # One hook's patches on one tensor: ((PatchKey, patch), ...), all with the same PatchKey.key.
 Parts = tuple[tuple["PatchKey", Any], ...]
@@ -102,7 +88,7 @@ def load_hook_patches(model: torch.nn.Module, hook: Any) -> HookPatches:
     else:
         patches = dict(hook.weights or {})
     # like core's add_hook_patches: keys the model does not have are ignored
-    patches = {k: v for k, v in patches.items() if _has_tensor(model, split_key(k).key)}
+    patches = {k: v for k, v in patches.items() if has_tensor(model, split_key(k).key)}
     if misfits := misfitting(model, patches):
         raise ShapeMismatchError(misfit_message("this hook", misfits, len(patches), model))
     for k, v in patches.items():
@@ -187,7 +173,8 @@ def _reshape(patch: Any) -> list[int] | None:
     return [int(n) for n in patch.weights[5]]
 
 
-def _has_tensor(model: torch.nn.Module, key: str) -> bool:
+def has_tensor(model: torch.nn.Module, key: str) -> bool:
+    """``key`` names a tensor of ``model`` (a patch key of the diffusion model, not of the CLIP)."""
     try:
         return isinstance(comfy.utils.get_attr(model, key), torch.Tensor)
     except AttributeError:
@@ -253,6 +240,14 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
     """Per-module deltas of every (engine index, patches) pair; hooks with a ``reason`` must not be passed.
 
     rounding: one of ROUNDINGS (see there and the module docstring).
+
+    LoRA/LoCon on Linear/Conv weights become LowRankDelta (A, B used as loaded); everything else a
+    DenseDelta materialised on demand through ``dense_fetch``. With rounding "loraloader" every patched
+    weight stored in less than fp32 (fp8, fp16, bf16; quantized ones are not rounded, see
+    hooks/quantized.py) instead gets one DenseDelta per (hook, weight), fetched per strength as
+    round(W + dW(s)) - W with ComfyUI's own rounding (``comfy.float.stochastic_rounding``, seeded by the
+    key); the forward pass then recomputes the hooked rows with W plus that delta (``replace``), the exact
+    weight full-load LoraLoader writes.
     """
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}: use one of {ROUNDINGS}")

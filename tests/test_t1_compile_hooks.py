@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 
 import pytest
 import torch
@@ -53,7 +52,7 @@ def graphs() -> int:
 class Rig:
     def __init__(self, comfy):
         self.n = n = comfy.nodes.NODE_CLASS_MAPPINGS
-        self.he = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+        self.he = comfy.pack.hooks.enable
         self.model, clip, _vae = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
         texts = ("a knight in armor", "blurry", "a red castle", "a green forest")
         self.pos, self.neg, self.left, self.right = (n["CLIPTextEncode"]().encode(clip, t)[0] for t in texts)

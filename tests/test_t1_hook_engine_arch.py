@@ -8,7 +8,6 @@ img_in) is refused with a clear error; masked regional and scheduled hooks equal
 from __future__ import annotations
 
 import logging
-import sys
 
 import arch_sampling
 import pytest
@@ -24,7 +23,7 @@ LORA = {"sdxl": arch_sampling.SDXL_LORAS[0], "flux": arch_sampling.FLUX_LORAS[0]
 
 @pytest.fixture(scope="module")
 def engine(comfy):
-    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+    return comfy.pack.hooks.enable
 
 
 def sample(arch, model, positive=None, negative=None, hooks=None):

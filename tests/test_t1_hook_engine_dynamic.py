@@ -11,7 +11,6 @@ aimdo buffers, are left out). ComfyUI 0.3.75 has no dynamic VRAM and never swaps
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
@@ -47,8 +46,8 @@ def rig(comfy):
     props = n["ConditioningSetProperties"]()
     plain = encode(clip, "a knight in armor")[0], encode(clip, "blurry")[0]
     hooked = [props.set_properties(c, 1.0, "default", hooks=hooks)[0] for c in plain]
-    he = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
-    mp = sys.modules[comfy.pack.__name__ + ".patcher.model_patcher"]
+    he = comfy.pack.hooks.enable
+    mp = comfy.pack.patcher.model_patcher
     return types.SimpleNamespace(n=n, model=model, clip=clip, plain=plain, hooked=hooked, he=he, mp=mp,
                                  emulated=EmulatedDynamic, has_delegate=core_delegate is not None)
 

@@ -22,8 +22,6 @@ difference. Every test also checks that its hook changes the latent by over 1 % 
 
 from __future__ import annotations
 
-import sys
-
 import arch_sampling
 import gguf_sampling
 import pytest
@@ -48,8 +46,7 @@ def n(comfy):
 
 @pytest.fixture(scope="module")
 def pb(comfy):
-    name = comfy.pack.__name__
-    return sys.modules[name + ".patcher.model_patcher"]
+    return comfy.pack.patcher.model_patcher
 
 
 def fast(n, model, rounding="compute"):

@@ -45,7 +45,7 @@ def test_lora_hooks_apply_on_every_device_copy(comfy, two_devices):
     import comfy.multigpu as multigpu
 
     n = comfy.nodes.NODE_CLASS_MAPPINGS
-    he = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+    he = comfy.pack.hooks.enable
     model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
     encode = n["CLIPTextEncode"]().encode
     (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 
 import arch_sampling
 import devpaths
@@ -65,7 +64,7 @@ NOISE_BOUND = 3.0
 
 @pytest.fixture(scope="module")
 def engine(comfy):
-    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+    return comfy.pack.hooks.enable
 
 
 _MODELS: dict = {}

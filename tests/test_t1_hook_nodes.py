@@ -9,7 +9,6 @@ the core chain places its keyframe at a percent that starts on the same step.
 from __future__ import annotations
 
 import importlib
-import sys
 
 import pytest
 import torch
@@ -206,7 +205,7 @@ def test_scheduled_lora_equals_core_chain(rig):
     model, clip, hooks = rig.node("PatchbayScheduledLora").apply(rig.model, rig.clip, LORA, 1.0, 1.0,
                                                                   "0@0, 1@0.5", "percent", False)
     assert rig.comfy.pack.NODE_CLASS_MAPPINGS["PatchbayHookEngine"] and model is not rig.model
-    engine_of = sys.modules[rig.comfy.pack.__name__ + ".hooks.enable"].hook_engine_of
+    engine_of = rig.comfy.pack.hooks.enable.hook_engine_of
     assert engine_of(model) is not None, "the model comes back on the fast engine"
     core_hooks = rig.core_hook(LORA, 1.0, rig.core_keyframes([(0.0, 0.0), (1.0, 0.5)]))
     (core_clip,) = rig.node("SetClipHooks").apply_hooks(rig.clip, False, True, core_hooks)
@@ -438,7 +437,7 @@ def test_block_weights_on_loha_keep_the_schedule(rig):
     ("OUT05", "'OUT05' is not name=strength items"),  # read as an A1111 preset name: hooks/lbw.py
     ("IN00=1, M00=x", "'M00=x' at line 1, column 9"),
     ("OUTAL", "'OUTAL' is no LoRA Block Weight preset; did you mean 'OUTALL'"),  # A1111 form: hooks/lbw.py
-    ("1,0,1", "has 3 values; expected sd15: 17 or 26; sdxl: 12 or 20; flux: 61"),
+    ("1,0,1", "has 3 values; expected sd15: 17 or 26; sd2: 17 or 26; sdxl: 12 or 20; flux: 61"),
 ])
 def test_block_map_errors(rig, text, needle):
     (ours,) = rig.node("PatchbayHookLora").create(LORA, 1.0, 1.0)
@@ -468,7 +467,7 @@ def test_block_weights_on_sdxl_and_flux_loras_equal_the_file_without_those_block
     import arch_sampling
     import comfy.sd
 
-    engine = sys.modules[rig.comfy.pack.__name__ + ".hooks.enable"]
+    engine = rig.comfy.pack.hooks.enable
     weigh = rig.node("PatchbayHookBlockWeights").apply
     model = arch_sampling.shared_model(arch)
     fast = engine.enable_hook_engine(model)
@@ -683,7 +682,7 @@ def test_block_maps_of_the_new_families_follow_the_model_keys(blocks):
     assert strength("diffusion_model.head.head.weight") == 0.5
     with pytest.raises(ValueError, match="range 'blocks.9-0' runs from 9 to 0"):
         blocks.strength_map("blocks.9-0=0", "wan21", wan)
-    with pytest.raises(ValueError, match="vectors are defined for sd15, sdxl, flux, not wan21"):
+    with pytest.raises(ValueError, match="vectors are defined for sd15, sd2, sdxl, flux, not wan21"):
         blocks.strength_map("OUTALL", "wan21", wan)
     # an A1111 Flux vector (19 + 38 blocks, guidance_in) on a smaller Flux without guidance (schnell-like)
     small = [k for k in tf.shapes("flux", 2, 3, checkpoint=True) if "guidance_in" not in k]

@@ -8,8 +8,6 @@ b at strength alpha adds). Each on Fast Hooks and on core's hook path; 1e-4 x ma
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from hook_rig import Rig as EngineRig
@@ -79,7 +77,7 @@ def test_a_keyframed_fade_in_equals_the_same_model_as_lora_hook_chain(rig):
     ours = rig.recipe_hook(recipe, base, kf=kf)
     (theirs,) = rig.n["CreateHookModelAsLoraModelOnly"]().create_hook_model_only(CKPT_B, ALPHA)
     (theirs,) = rig.n["SetHookKeyframes"]().set_hook_keyframes(theirs, kf)
-    preview = sys.modules[rig.comfy.pack.__name__ + ".hooks.preview"]
+    preview = rig.comfy.pack.hooks.preview
     sigmas = preview.sampling_sigmas(rig.model, 4, "normal")
     (trace,) = [t.strengths for t in preview.strength_trace(ours, rig.model, sigmas)]
     assert trace == (0.0, 0.0, 0.5, 1.0), "the strength changes over the steps"
@@ -101,7 +99,7 @@ def test_a_masked_recipe_hook_runs_on_fast_hooks_as_on_cores_path(rig):
 
 
 def test_deltas_are_merged_when_sampling_needs_them_and_kept_in_the_merge_cache(rig):
-    runtime = sys.modules[rig.comfy.pack.__name__ + ".nodes.merge_runtime"]
+    runtime = rig.comfy.pack.nodes.merge_runtime
     recipe, base = rig.merge()
     runtime.CACHE.clear()
     hooks = rig.recipe_hook(recipe, base, cache_mb=1024)
