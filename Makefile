@@ -30,6 +30,7 @@ help:
 	@echo "make bench-hooks  time LoRA hooks (plain, LoraLoader, core, Patchbay); not CI. BENCH_ARGS=--quick"
 	@echo "                  BENCH_ARGS=\"--arch sd15-full\" at real width; \"--device cuda --arch sdxl-full\" on a GPU"
 	@echo "                  BENCH_ARGS=\"--arch wan-full\": two Wan 2.1 14B blocks at real width (a 2026 DiT)"
+	@echo "                  BENCH_ARGS=\"--arch flux-full\": Flux.1 [dev] at real width (the attention couple on a DiT)"
 	@echo "make bench-merge  time SD1.5-size merges (Patchbay, sd-mecha, read+write floor); not CI. BENCH_ARGS=--no-sdmecha"
 	@echo "make bench-merge-nodes  four SD1.5-size models averaged in the graph: Merge node vs core's ModelMergeSimple chain; a 3x3 Merge Grid vs nine Merge runs (peak RSS, time); not CI. BENCH_ARGS=\"--arch tiny\" or \"--scenario grid\""
 

@@ -1,21 +1,25 @@
-"""Benchmark: LoRA hooks, core vs Patchbay vs LoraLoader vs no hooks (issues 4 and 18). Not part of CI.
+"""Benchmark: LoRA hooks, core vs Patchbay vs LoraLoader vs no hooks. Not part of CI.
 
 Run ``make bench-hooks`` (or ``python devtools/bench_hooks.py [--arch A] [--device D] [--rounds N]
 [--quick]`` inside the environment that devtools/env.sh makes). ComfyUI is imported in-process the
 way tests/conftest.py's ``comfy`` fixture does it (main.py is not run: on a GPU, ComfyUI 0.33's
 dynamic VRAM stays off), with torch pinned to one thread. A focused re-check of one figure:
 ``BENCH_ARGS="--scenarios regional_two_loras --sizes 16 --memory none"`` (about 5 minutes).
-Issue 34's attention couple figures: ``BENCH_ARGS="--arch sd15-full --scenarios
+The attention couple figures: ``BENCH_ARGS="--arch sd15-full --scenarios
 regions_2_loras,regions_4_loras,regions_8_loras --steps 4 --rounds 2 --memory none"`` (about 10 minutes).
 
 Models (``--arch``, devtools/bench_models.py; euler, CFG 7): ``tiny``, the tiny SD1.5 checkpoint,
-10 steps at 8x8 and 16x16 (issue 4); ``sd15-full``, an SD1.5-size UNet with rank-32 LoRAs, 10 steps
+10 steps at 8x8 and 16x16; ``sd15-full``, an SD1.5-size UNet with rank-32 LoRAs, 10 steps
 at 16x16; ``sdxl-full``, an SDXL-size UNet, 20 steps at 128x128 (1024 x 1024), the regional scenario
 with plain, core and Fast Hooks, for ``--device cuda`` (``sdxl-small``: its code path, CPU-sized);
-``wan-full`` (issue 31 item 7), a 2026 DiT at its real width: two of Wan 2.1 14B's 40 blocks (5120
+``wan-full``, a 2026 DiT at its real width: two of Wan 2.1 14B's 40 blocks (5120
 wide, 935.5 M parameters), rank-32 LoRAs on every attention and feed-forward linear, 4 steps on one
-16x16 latent frame, synthesized 4096-wide text tokens; every scenario and contender.
-``--compile`` (issue 18 item 3): every contender samples the model compiled by ComfyUI's
+16x16 latent frame, synthesized 4096-wide text tokens; every scenario and contender. ``flux-full``
+(the attention couple on a DiT): Flux.1 [dev] at its real width, one double and one
+single block (545.5 M parameters), rank-32 LoRAs on every attention and MLP linear, 4 steps at 16x16
+(64 image tokens beside 4 synthesized T5 tokens per prompt, a 1024 x 1024 image's 16:1 ratio):
+``BENCH_ARGS="--arch flux-full --scenarios regions_2_loras,regions_4_loras,regions_8_loras --memory none"``.
+``--compile``: every contender samples the model compiled by ComfyUI's
 TorchCompileModel (inductor); "plain" is then the compiled model without hooks, and the untimed warm-up
 round compiles every graph. No memory probes then.
 
@@ -24,7 +28,7 @@ Scenarios (each times the *same* workflow per contender; only how the LoRA is ap
   scheduled_lora      the same with a 4-keyframe strength schedule (1, 0.75, 0.5, 0.25)
   regional_two_loras  two masked regions (left/right halves), one LoRA hook each
   seed_rerun          positive_lora run once, then re-queued with a new seed; only the re-run is timed
-  regions_N_loras     (issue 34 item 3; N = 2, 4, 8) N vertical stripes covering the image, a prompt and a
+  regions_N_loras     (N = 2, 4, 8) N vertical stripes covering the image, a prompt and a
                       LoRA hook each (the two LoRA files alternate, one hook per region)
 
 Contenders build the sampling inputs (model, positive, negative) from real ComfyUI nodes:

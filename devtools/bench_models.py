@@ -1,7 +1,7 @@
 """Models for devtools/bench_hooks.py: the tiny checkpoint, or SD1.5- and SDXL-size UNets with rank-32 LoRAs.
 
-``--arch tiny`` (issue 4) samples the tiny SD1.5 checkpoint of devtools/tiny_models.py. ``--arch
-sd15-full`` and ``--arch sdxl-full`` (issue 18) sample real-width UNets, where core's weight swaps
+``--arch tiny`` samples the tiny SD1.5 checkpoint of devtools/tiny_models.py. ``--arch
+sd15-full`` and ``--arch sdxl-full`` sample real-width UNets, where core's weight swaps
 cost what they cost users: ComfyUI's own ``comfy.supported_models.SD15`` / ``SDXL`` classes with
 the UNet config ComfyUI's detection reports for a real SD1.5 / SDXL base checkpoint (859.5 M and
 2567 M parameters), random weights, stored in fp16. ``--arch sdxl-small`` is sdxl-full's code path
@@ -86,6 +86,22 @@ WAN14B = {
     "num_layers": WAN14B_BLOCKS, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True,
     "eps": 1e-6,
 }
+# Flux.1 [dev] as comfy/model_detection.py reports it for the real file (3072 wide, 24 heads, T5-XXL's
+# 4096-wide text, CLIP-L's 768-wide pooled vector, guidance embedding), one of its 19 double blocks and
+# one of its 38 single blocks. The attention couple's DiT path runs on it (issue 34 item 3).
+FLUX_DEV = {
+    "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 4096,
+    "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 1, "depth_single_blocks": 1,
+    "axes_dim": [16, 56, 56], "theta": 10000, "qkv_bias": True, "guidance_embed": True, "patch_size": 2,
+}
+# Text tokens per prompt: a 1024 x 1024 image is 4096 image tokens beside T5's 256 padded text tokens;
+# the benchmark's 16 x 16 latent is 64 image tokens, so 4 text tokens keep that 16:1 ratio.
+FLUX_TEXT_TOKENS = 4
+# kohya's (sd-scripts) Flux targets: every attention and MLP linear of the double blocks (both streams) and
+# the single blocks' fused linear1 / linear2 (modulations left out)
+FLUX_LORA_TARGETS = tuple(f".{stream}_{part}.weight" for stream in ("img", "txt")
+                          for part in ("attn.qkv", "attn.proj", "mlp.0", "mlp.2")) + (
+    ".linear1.weight", ".linear2.weight")
 # musubi-tuner's and ai-toolkit's Wan targets: every attention (self and cross) and feed-forward linear
 WAN_LORA_TARGETS = tuple(f".{attn}.{p}.weight" for attn in ("self_attn", "cross_attn") for p in "qkvo") + (
     ".ffn.0.weight", ".ffn.2.weight")
@@ -118,7 +134,7 @@ class ArchSpec:
     contenders: tuple[str, ...]
     targets: Targets
     prompts: str = "clip"  # "clip": the tiny checkpoint's CLIP-L; "synthesized": random, SDXL shapes;
-    # "wan": random, Wan 2.1's (umt5-xxl's 4096-wide tokens)
+    # "wan": random, Wan 2.1's (umt5-xxl's 4096-wide tokens); "flux": random, Flux.1's (T5-XXL, CLIP-L)
     expected_params: int = 0  # UNet parameters, checked when the model is built
     lora_targets: tuple[str, ...] = LORA_TARGETS  # weights the LoRAs patch, by the end of their key
     video: tuple[int, int] | None = None  # (latent channels, frames) of a video model's empty latent
@@ -167,6 +183,13 @@ ARCHES = {
         model_class="WAN21_T2V", unet=WAN14B, lora_names="ldm", sizes=(16,), steps=4, rounds=3,
         scenarios=ISSUE_4_SCENARIOS, contenders=ALL_CONTENDERS[:-1], targets=ISSUE_18, prompts="wan",
         expected_params=935_508_032, lora_targets=WAN_LORA_TARGETS, video=(16, 1)),
+    # Flux.1 [dev] at its real width, one double and one single block (issue 34 item 3: attention couple
+    # on a DiT), 4 steps on a 16x16 latent, synthesized T5 / CLIP-L conditioning.
+    "flux-full": ArchSpec(
+        "flux-full", "Flux.1 [dev] width, 1 of its 19 double and 1 of its 38 single blocks (fp16), rank-32 "
+        "LoRAs", model_class="Flux", unet=FLUX_DEV, lora_names="ldm", sizes=(16,), steps=4, rounds=3,
+        scenarios=ALL_SCENARIOS, contenders=ALL_CONTENDERS, targets=ISSUE_18, prompts="flux",
+        expected_params=545_548_096, lora_targets=FLUX_LORA_TARGETS),
 }
 
 
@@ -211,8 +234,9 @@ def meta_model(spec: ArchSpec) -> torch.nn.Module:
     import torch
 
     config_class = getattr(comfy.supported_models, spec.model_class)
+    config = tiny_arch.flux_dit(spec.unet) if spec.unet.get("image_model") == "flux" else dict(spec.unet)
     with torch.device("meta"):
-        model = config_class(dict(spec.unet)).get_model({}, device="meta")
+        model = config_class(config).get_model({}, device="meta")
     layout = model.diffusion_model.state_dict()
     detected = comfy.model_detection.model_config_from_unet(layout, "")
     params = sum(t.numel() for t in layout.values())
@@ -309,6 +333,8 @@ def load(spec: ArchSpec, n: dict) -> BenchInputs:
         import arch_sampling
 
         prompts = {name: arch_sampling.make_cond("wan21", seed) for seed, name in enumerate(PROMPTS)}
+    elif spec.prompts == "flux":
+        prompts = {name: flux_prompt(seed) for seed, name in enumerate(PROMPTS)}
     else:
         prompts = synthesized_prompts(spec)
     return BenchInputs(load_unet(spec), None, prompts, spec.lora_files())
@@ -321,6 +347,17 @@ def load_unet(spec: ArchSpec) -> ModelPatcher:
     import torch
 
     return comfy.sd.load_diffusion_model(str(unet_path(spec)), model_options={"dtype": torch.float16})
+
+
+def flux_prompt(seed: int) -> list:
+    """Flux.1 conditioning as CLIPTextEncodeFlux gives it, synthesized: FLUX_TEXT_TOKENS T5-XXL tokens (4096
+    wide), CLIP-L's pooled vector, FluxGuidance's default guidance; std-1 normal from ``seed``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randn((1, FLUX_TEXT_TOKENS, FLUX_DEV["context_in_dim"]), generator=generator)
+    pooled = torch.randn((1, FLUX_DEV["vec_in_dim"]), generator=generator)
+    return [[tokens, {"pooled_output": pooled, "guidance": 3.5}]]
 
 
 def encode_prompts(n: dict, clip) -> dict[str, Any]:

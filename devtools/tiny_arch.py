@@ -83,14 +83,15 @@ FLUX2_DIFFUSERS_NAMES = (".attn.to_qkv_mlp_proj.weight", ".attn.to_out.weight")
 BFL_CONTROL_CHANNELS = 128  # img_in of the canny/depth models: 64 latent + 64 control channels
 
 
-def flux_dit() -> dict:
-    """FLUX_DIT as the running ComfyUI detects the Flux file: plus the FluxParams fields it knows of."""
+def flux_dit(config: dict | None = None) -> dict:
+    """``config`` (FLUX_DIT by default) as the running ComfyUI detects the Flux file: plus the FluxParams
+    fields it knows of."""
     import dataclasses
 
     import comfy.ldm.flux.model
 
     known = {f.name for f in dataclasses.fields(comfy.ldm.flux.model.FluxParams)}
-    return {**FLUX_DIT, **{key: value for key, value in FLUX_DIT_NEWER.items() if key in known}}
+    return {**(config or FLUX_DIT), **{key: value for key, value in FLUX_DIT_NEWER.items() if key in known}}
 
 
 def bfl_name(key: str) -> str:

@@ -168,7 +168,7 @@ def test_archs_name_known_scenarios_and_contenders_and_generate_into_the_ignored
         for path in bench_models.lora_paths(spec):
             assert path.is_relative_to(devpaths.cache_dir())  # .cache/ is git-ignored: never in the repo
     full = [s for s in bench_models.ARCHES.values() if s.model_class]
-    assert {s.name for s in full} == {"sd15-full", "sdxl-full", "sdxl-small", "wan-full"}
+    assert {s.name for s in full} == {"sd15-full", "sdxl-full", "sdxl-small", "wan-full", "flux-full"}
     for spec in full:
         assert bench_models.CACHE_TAG in spec.unet_file() and f"r{bench_models.RANK}" in spec.lora_files()[0]
         assert bench_models.unet_path(spec).is_relative_to(devpaths.cache_dir())

@@ -4,7 +4,9 @@ Built on the meta device (no weights are generated here): each UNet config is wh
 detection reports for its layout, with the documented parameter count, and the kohya LoRA names
 reach every attention, feed-forward and proj_in/proj_out weight through comfy.lora's own key map,
 in the naming sd-scripts uses for that model (diffusers-style for SD1.5, LDM-style for SDXL); Wan
-2.1 14B's two blocks: every self-, cross-attention and feed-forward linear, as musubi-tuner names them.
+2.1 14B's two blocks: every self-, cross-attention and feed-forward linear, as musubi-tuner names them;
+Flux.1 [dev]'s double and single block: every attention and MLP linear of both streams and the single
+block's linear1 / linear2, as sd-scripts names them.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ pytestmark = pytest.mark.t1
 NAME_PARTS = {"diffusers": ("down_blocks", "mid_block", "up_blocks"),
               "ldm": ("input_blocks", "middle_block", "output_blocks")}
 TARGETS = {"sd15-full": 16 * 10 + 2 * 16, "sdxl-full": 70 * 10 + 2 * 11, "sdxl-small": 13 * 10 + 2 * 2,
-           "wan-full": 2 * 10}  # Wan: blocks x (4 self-attention + 4 cross-attention + 2 feed-forward)
+           "wan-full": 2 * 10,  # Wan: blocks x (4 self-attention + 4 cross-attention + 2 feed-forward)
+           "flux-full": 1 * 8 + 1 * 2}  # Flux: double blocks x 2 streams x (qkv, proj, 2 MLP) + singles x 2
 PARTS = {"sd15-full": NAME_PARTS["diffusers"], "sdxl-full": NAME_PARTS["ldm"],
-         "sdxl-small": NAME_PARTS["ldm"], "wan-full": ("blocks",)}
+         "sdxl-small": NAME_PARTS["ldm"], "wan-full": ("blocks",),
+         "flux-full": ("double_blocks", "single_blocks")}
 
 
 @pytest.mark.parametrize("arch", sorted(TARGETS))
