@@ -1,4 +1,4 @@
-"""Benchmark (issue 16 item 10, issue 35 item 1): four SD1.5-size models averaged in the graph and sampled
+"""Benchmark: four SD1.5-size models averaged in the graph and sampled
 once, Patchbay's Merge node vs a chain of core ModelMergeSimple nodes (scenario ``average``); and a 3x3
 Merge Grid vs nine separate Merge runs (scenario ``grid``). Not CI. One JSON line on stdout.
 

@@ -1,7 +1,4 @@
-"""Patchbay hook engine: hook objects, keyframe schedules and their math.
-
-Pure modules (floats, lowrank, cache) import only the standard library and torch; plan and engine
-adapt ComfyUI's hook objects (comfy.hooks, comfy.lora) to them. Hooks build on the patcher (its
-claimer slot, wrapper registry, step state and drawing) and import neither node code nor the merge
-library: docs/architecture.md has the arrows, tests/test_t0_architecture.py enforces them.
+"""Patchbay hook engine: ComfyUI's hook objects run as forward-pass deltas, and the hook makers around it
+(LoRA hooks, keyframes, schedules, block weights, regions, FLOATS). Builds on patcher/ (claimer slot,
+registry, drawing); imports neither node code nor the merge library. Data flow: docs/architecture.md.
 """

@@ -1,17 +1,5 @@
-"""Per-block strengths on LoRA hooks: the LoRA's factors scaled key by key, as a new hook.
-
-    parse_block_map("IN00=0, OUT*=0.5, default=1") -> {"IN00": 0.0, "OUT*": 0.5, "default": 1.0}
-    block_weighted(hooks, model, clip, strength_of) -> a new HookGroup: every LoRA WeightHook replaced by
-        one whose file's tensors for model weight ``k`` are scaled by ``strength_of(k)``
-
-Scaling one factor scales the LoRA's delta on that weight: the up (B) matrix of LoRA/LoCon, ``w1`` of
-LoHa/LoKr, a full ``diff``. A weight the LoRA replaces outright (``set``: the norm scales of BFL-layout
-Flux files) has no delta to scale; it stays unless its block's strength is 0, as LoraLoader sets it
-whatever the strength. Files are first parsed as LoraLoader parses them (``convert_lora``), so BFL-layout
-keys find their weights. DoRA (its delta is not linear in the factors) and model-as-LoRA hooks are
-refused with an error. Which block a weight belongs to is the caller's (the node layer maps model keys to
-the merge library's block names); this module only sees a key -> strength function.
-Nothing passed in is changed; the new hooks get their own identity.
+"""Per-block strengths on LoRA hooks (Hook Block Weights, ``lbw=`` tags): the LoRA's factors scaled key
+by key, as a new hook, since core's hooks have one strength per LoRA.
 """
 
 from __future__ import annotations
@@ -98,7 +86,21 @@ def _scaled(lora: dict, key_map: dict[str, Any], strength_of: Callable[[str], fl
 
 def block_weighted(hooks: comfy.hooks.HookGroup, model, clip, strength_of: Callable[[str], float]
                    ) -> comfy.hooks.HookGroup:
-    """A new HookGroup: each LoRA WeightHook of ``hooks`` with its weights scaled per model key."""
+    """A new HookGroup: each LoRA WeightHook of ``hooks`` with its weights scaled per model key.
+
+        parse_block_map("IN00=0, OUT*=0.5, default=1") -> {"IN00": 0.0, "OUT*": 0.5, "default": 1.0}
+        block_weighted(hooks, model, clip, strength_of) -> a new HookGroup: every LoRA WeightHook replaced by
+            one whose file's tensors for model weight ``k`` are scaled by ``strength_of(k)``
+
+    Scaling one factor scales the LoRA's delta on that weight: the up (B) matrix of LoRA/LoCon, ``w1`` of
+    LoHa/LoKr, a full ``diff``. A weight the LoRA replaces outright (``set``: the norm scales of BFL-layout
+    Flux files) has no delta to scale; it stays unless its block's strength is 0, as LoraLoader sets it
+    whatever the strength. Files are first parsed as LoraLoader parses them (``convert_lora``), so BFL-layout
+    keys find their weights. DoRA (its delta is not linear in the factors) and model-as-LoRA hooks are
+    refused with an error. Which block a weight belongs to is the caller's (the node layer maps model keys to
+    the merge library's block names); this module only sees a key -> strength function.
+    Nothing passed in is changed; the new hooks get their own identity.
+    """
     key_map = comfy.lora.model_lora_keys_unet(model.model, {})
     if clip is not None:
         key_map = comfy.lora.model_lora_keys_clip(clip.cond_stage_model, key_map)

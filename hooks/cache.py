@@ -1,10 +1,5 @@
-"""A least-recently-used tensor cache with a byte budget (pure).
-
-The hook engine keeps materialised deltas (LoHa, LoKr, DoRA, model-as-LoRA) here, keyed by
-(hook content, weight key, strength where the delta is not linear in it). ``get_or_make`` builds a
-missing entry, stores it when it fits, and evicts the least recently used entries to stay within
-``budget_bytes``; an entry larger than the whole budget is returned without being stored. Safe to
-call from several threads (ComfyUI's multi-GPU workers): one lock around each lookup and insert.
+"""A least-recently-used tensor cache with a byte budget (pure): where the hook engine keeps materialised
+deltas (LoHa, LoKr, DoRA, model-as-LoRA) so a step does not rebuild them.
 """
 
 from __future__ import annotations
@@ -19,6 +14,13 @@ __all__ = ["TensorCache"]
 
 
 class TensorCache:
+    """The hook engine keeps materialised deltas (LoHa, LoKr, DoRA, model-as-LoRA) here, keyed by
+    (hook content, weight key, strength where the delta is not linear in it). ``get_or_make`` builds a
+    missing entry, stores it when it fits, and evicts the least recently used entries to stay within
+    ``budget_bytes``; an entry larger than the whole budget is returned without being stored. Safe to
+    call from several threads (ComfyUI's multi-GPU workers): one lock around each lookup and insert.
+    """
+
     def __init__(self, budget_bytes: int) -> None:
         self._entries: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
         self.bytes = 0

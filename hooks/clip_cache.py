@@ -1,21 +1,5 @@
-"""Cached text encoding for CLIP models whose hooks are scheduled (SetClipHooks) or fixed.
-
-Core's ``CLIP.encode_from_tokens_scheduled`` already encodes once per distinct keyframe range. What
-it cannot do is remember: a new CLIPTextEncode of the same prompt with the same CLIP hooks (for
-example after only a hook's *model* strength changed, which re-runs every node downstream of the
-hook) encodes everything again. Data flow::
-
-    enable (hooks/enable.py): CLIP clone, its patcher upgraded; object patch
-        cond_stage_model.encode_token_weights -> CachedEncode (ComfyUI installs it while the CLIP is
-        loaded and restores the original on unload)
-    encode_from_tokens(_scheduled) -> per range: patcher.patch_hooks(hooks at that keyframe)
-        -> CachedEncode(tokens): key = (tokens, active CLIP hook contents and strengths, the
-           patcher's ordinary patches, clip layer options)
-           hit  -> the stored (cond, pooled, extras)
-           miss -> the model's own encode_token_weights, stored (LRU, ``max_entries``)
-
-The key never holds a tensor's identity only where its content could change under it: hook content
-is the LoRA state dict object a hook holds (CreateHookLora caches the file it loaded).
+"""Cached text encoding for CLIPs with hooks: core encodes once per keyframe range but remembers nothing,
+so a re-run after a change downstream encodes every prompt again. Data flow: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -36,7 +20,14 @@ _CLIP_OPTIONS = ("layer", "layer_idx", "return_projected_pooled")
 
 
 class CachedEncode:
-    """Stands in for ``cond_stage_model.encode_token_weights`` (an object patch); shared by clones."""
+    """Stands in for ``cond_stage_model.encode_token_weights`` (an object patch); shared by clones.
+
+    The key: (tokens, active CLIP hook contents and strengths, the patcher's ordinary patches, clip layer
+    options). A hit returns the stored (cond, pooled, extras); a miss calls the model's own
+    encode_token_weights and stores the result (LRU, ``max_entries``). The key never holds a tensor's
+    identity only where its content could change under it: hook content is the LoRA state dict object a
+    hook holds (CreateHookLora caches the file it loaded).
+    """
 
     def __init__(self, cond_stage_model: torch.nn.Module, max_entries: int = 64) -> None:
         self._model = weakref.ref(cond_stage_model)

@@ -1,31 +1,6 @@
-"""Fast Hooks on a model compiled by ComfyUI's TorchCompileModel: the deltas run inside the compiled graphs.
-
-The engine's eager forward hooks cannot simply be traced (measured with torch 2.14, see
-docs/design-hook-engine.md): dynamo does not guard on a module's *empty* hook dict
-(``torch._dynamo.config.skip_nnmodule_hook_guards``, on by default), so a graph compiled before a hook
-was added keeps running without it; a strength read as a Python float is guarded (the first new one
-compiles again, every one with ``dynamic=False``), and the eager engine branches on which rows carry
-a hook. Hence, for a run on a compiled model::
-
-    claim (hooks/engine.py): core's APPLY_MODEL wrapper "torch.compile" (TorchCompileModel, or any caller
-        of comfy_api's set_torch_compile_wrapper) and its settings in model_options["torch_compile_kwargs"]
-        -> CompiledRun(twin settings); a hook with a dense delta is left to core
-    OUTER_SAMPLE: a RowHook on *every* Linear/Conv/Norm of the model, holding that module's deltas and
-        slot or none, so every graph guards on every module's deltas: a module hooked by a later run
-        makes dynamo compile again instead of skipping it
-    APPLY_MODEL (the engine's wrapper runs inside core's compile wrapper: registry priority -1):
-        first call on a model: per hooked module, its low-rank deltas side by side (RowFactors) on the
-        input's device, the summed rank marked as a dynamic size
-        strengths (chunks x hooks, zero-padded to 8 hooks) -> a float32 tensor on that device;
-        _Call(strengths, factors) -> ContextVar _CALL (dynamo honours dynamic sizes on tensors it
-        reaches from a global, not on tensors it finds on a module)
-        each OptimizedModule core's wrapper put into the model is swapped for its twin during the call:
-        the same module compiled with the same settings under a backend that compares unequal to core's,
-        so hooked graphs and plain graphs never share a dynamo cache entry
-    RowHook, traced into the graph: ModuleDeltas.add_rows, y + ((x (*) down) * s_row * scale) (*) up on
-        every row (a row without the hook has strength 0), all hooks in two products: no branch on a
-        strength or a rank, so a keyframe change, a new strength, a new seed or another set of LoRAs
-        on the same modules runs the same graphs
+"""Fast Hooks on a model compiled by ComfyUI's TorchCompileModel: the deltas run inside compiled graphs of
+their own, since dynamo would keep running graphs compiled before a hook was added. Data flow:
+docs/architecture.md; why and what was measured: docs/design-hook-engine.md.
 """
 
 from __future__ import annotations
@@ -106,7 +81,15 @@ class RowHook:
 
 @dataclass
 class CompiledRun:
-    """One sampling run's hooks on a compiled model (held by the engine's RunPlan)."""
+    """One sampling run's hooks on a compiled model (held by the engine's RunPlan).
+
+    Why not trace the eager forward hooks: dynamo does not guard on a module's *empty* hook dict
+    (``torch._dynamo.config.skip_nnmodule_hook_guards``), a strength read as a Python float is guarded
+    (a new one compiles again), and the eager engine branches on which rows carry a hook. So every
+    Linear/Conv/Norm gets a RowHook (deltas or none), strengths travel as a tensor in a ContextVar
+    (dynamo honours dynamic sizes on tensors it reaches from a global, not on a module), and each
+    compiled module runs as its twin under a backend that compares unequal to core's.
+    """
 
     settings: dict  # torch.compile keyword arguments of the twins (twin_settings)
     twins: weakref.WeakKeyDictionary  # the engine's, shared by its runs: compiled module -> {settings: twin}

@@ -1,20 +1,5 @@
-"""Turn the hook engine on for a MODEL: ComfyUI's hook objects then run as forward-pass deltas.
-
-Data flow (nodes -> hooks -> patcher -> comfy)::
-
-    enable_hook_engine(model) -> patcher.upgrade() clone
-        patcher.set_hook_claimer(clone, "hooks", FastHooks(engine, rounding)): the HookEngine of the
-                                input if it has one, so caches and plans survive re-running the node
-                                (clones share it), with this clone's rounding. Nothing goes into
-                                transformer_options, which a compiled model's graphs guard on.
-        patcher.registry wrappers under "patchbay.hooks": OUTER_SAMPLE (forward hooks on/off),
-                                CALC_COND_BATCH (strip claimed hooks, advance keyframes),
-                                APPLY_MODEL (per-row strengths; priority -1: inside TorchCompileModel's
-                                wrapper, see hooks/compiled.py)
-    sampling: the patcher's register_all_hook_patches asks its claimers (HookEngine.claim) which
-              WeightHooks they run; hooks/engine.py does the rest.
-    enable_clip_cache(clip) -> CLIP clone with the object patch encode_token_weights -> CachedEncode
-                               (hooks/clip_cache.py)
+"""Turning the hook engine on for a MODEL (and the encode cache for a CLIP): the one place that puts the
+engine into the patcher's claimer slot and registers its wrappers. Data flow: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
-"""The hook engine: ComfyUI's WeightHooks run as forward-pass deltas, all cond groups in one batch.
-
-Data flow (see docs/design-hook-engine.md)::
-
-    sampling starts: CFGGuider.sample -> prepare_model_patcher -> patcher.register_all_hook_patches
-      (our patcher) -> HookEngine.claim(patcher, hooks, model_options)
-          per WeightHook: HookPatches parsed once per (hook content, model) and cached
-          runnable hooks -> RunPlan {hook_ref: index}, {module: ModuleDeltas} (cached per hook set and
-                            rounding, the claimer's: hooks/enable.py)
-          the rest is left to core (one DEBUG line each, saying why)
-          RunPlan stored in model_options["transformer_options"][RUN_KEY]
-    OUTER_SAMPLE wrapper: forward hooks installed on the plan's modules; removed in ``finally``
-    CALC_COND_BATCH wrapper (each model evaluation):
-          multi-GPU (ComfyUI 0.33+, model_options["multigpu_clones"]): the plan is built for each
-          per-device copy of the model too and forward hooks go on its modules (RunPlan.cover)
-          for each cond carrying claimed hooks: advance their keyframes with core's own
-          HookKeyframeGroup.prepare_current_keyframe, record uuid -> per-hook strength
-          (strength_model x keyframe strength), pass core a copy of the cond without those hooks,
-          so every cond group runs in one batched forward pass
-    APPLY_MODEL wrapper: transformer_options["uuids"] -> (chunks, hooks) strengths -> ContextVar
-    forward hook: ModuleDeltas.apply adds each active hook's delta on its rows, in place (weighted per
-          token where transformer_options[TOKEN_WEIGHTS_KEY] gives weights: hooks/couple.py)
-On a model compiled by ComfyUI's TorchCompileModel the RunPlan carries a CompiledRun instead: its own
-forward hooks, strengths as a tensor and the deltas inside compiled graphs of their own
-(hooks/compiled.py); hooks with a dense delta are left to core there.
-The model's weights are never written: an exception or an interrupt leaves nothing to undo.
+"""The hook engine: claims ComfyUI's WeightHooks at registration and runs them as forward-pass deltas, all
+cond groups in one batch, the weights never written. Data flow: docs/architecture.md; design and
+limits: docs/design-hook-engine.md.
 """
 
 from __future__ import annotations

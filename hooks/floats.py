@@ -1,15 +1,6 @@
-"""FLOATS makers: lists of strengths for ComfyUI's ``CreateHookKeyframesFromFloats``.
-
-ComfyUI's hook keyframe nodes accept a ``FLOATS`` socket (a plain ``list[float]``) but no core node
-produces one. This module holds the pure logic behind Patchbay's FLOATS nodes:
-
-    text "0, 0.25, 1"            --parse_floats-->  [0.0, 0.25, 1.0]
-    start, end, count, easing    --ramp-------->    [start .. end] shaped by an easing curve
-    pattern text, length, mode   --repeat------>    the pattern cycled (or ping-ponged) to length
-
-Every function returns a new ``list[float]`` of finite numbers or raises :class:`FloatsError`,
-whose message names the offending value (and, for text, its line and column) and says how to fix it.
-Standard library only.
+"""FLOATS makers: ComfyUI's hook keyframe nodes accept a ``FLOATS`` list but no core node makes one; the
+pure logic (parse, ramp, repeat) behind Patchbay's FLOATS nodes. Standard library only; errors are
+FloatsError naming the value (and for text its line and column) and the fix.
 """
 
 from __future__ import annotations

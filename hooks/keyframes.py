@@ -1,18 +1,5 @@
-"""Patchbay's hook keyframes: core's HookKeyframeGroup that also reaches its end and knows steps and sigmas.
-
-Core's keyframe group switches to a keyframe once the sampler's sigma is at or below the keyframe's
-``start_t = percent_to_sigma(start_percent)``. percent_to_sigma(1.0) is 0, which no model evaluation
-reaches, so a keyframe at percent 1.0 (the last value of CreateHookKeyframesFromFloats) never applies.
-:class:`KeyframeGroup` keeps core's rules for every other keyframe and adds:
-
-- a keyframe at percent 1.0 starts on the **last step** of the run (the sigma of its last model call);
-- keyframes positioned by **step** (0 = first step; a step past the run is never reached) and by
-  **sigma** (starts once the sampler's sigma is at or below it), resolved when a run starts from its
-  ``sample_sigmas``.
-
-It is a ``HookKeyframeGroup`` (socket ``HOOK_KEYFRAMES``): core's SetHookKeyframes, the hook engine
-and core's hook path all drive it through ``initialize_timesteps`` / ``prepare_current_keyframe``.
-Clones (core's CreateHookKeyframe adds to a clone) stay Patchbay groups.
+"""Patchbay's hook keyframes: core's HookKeyframeGroup never applies a keyframe at percent 1.0; this one
+does, and also places keyframes by step or by sigma.
 """
 
 from __future__ import annotations
@@ -67,7 +54,22 @@ class Keyframe(HookKeyframe):
 
 
 class KeyframeGroup(HookKeyframeGroup):
-    """core's HookKeyframeGroup; Patchbay keyframes in it resolve against each run's sigmas."""
+    """core's HookKeyframeGroup; Patchbay keyframes in it resolve against each run's sigmas.
+
+    Core's keyframe group switches to a keyframe once the sampler's sigma is at or below the keyframe's
+    ``start_t = percent_to_sigma(start_percent)``. percent_to_sigma(1.0) is 0, which no model evaluation
+    reaches, so a keyframe at percent 1.0 (the last value of CreateHookKeyframesFromFloats) never applies.
+    :class:`KeyframeGroup` keeps core's rules for every other keyframe and adds:
+
+    - a keyframe at percent 1.0 starts on the **last step** of the run (the sigma of its last model call);
+    - keyframes positioned by **step** (0 = first step; a step past the run is never reached) and by
+      **sigma** (starts once the sampler's sigma is at or below it), resolved when a run starts from its
+      ``sample_sigmas``.
+
+    It is a ``HookKeyframeGroup`` (socket ``HOOK_KEYFRAMES``): core's SetHookKeyframes, the hook engine
+    and core's hook path all drive it through ``initialize_timesteps`` / ``prepare_current_keyframe``.
+    Clones (core's CreateHookKeyframe adds to a clone) stay Patchbay groups.
+    """
 
     def __init__(self) -> None:
         super().__init__()

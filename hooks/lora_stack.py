@@ -1,16 +1,5 @@
-"""LORA_STACK lists from other packs, checked once at the edge, and the schedule text of each entry.
-
-    stack_entries([("ink.safetensors", 0.8, 1.0)])  -> (StackEntry(1, "ink.safetensors", 0.8, 1.0),)
-    entry_schedules("2: 0@0, 1@0.5\\nink: 1@0, 0@1", entries)  -> {2: "0@0, 1@0.5", 1: "1@0, 0@1"}
-
-A LORA_STACK is a list of (LoRA file name, model strength, clip strength) tuples, as Efficiency Nodes'
-LoRA Stacker, Comfyroll's CR LoRA Stack and LoRA Manager's Lora Stacker make it: names as ComfyUI lists
-the loras folder (LoRA Manager writes the OS separator, and an absolute path for a file outside the
-loras roots it knows); "None" entries are skipped, as those packs skip them. Data flow: a node's
-LORA_STACK input -> ``stack_entries`` (shape and numbers checked here) -> per entry the node layer
-resolves the name in the loras folder (nodes/lora_files.py, nearest names on a miss) and
-``entry_schedules`` gives its schedule text (hooks/schedule_text.py syntax) -> lora_hooks.lora_hook.
-Standard library only; errors (StackError) name the entry, its value and the fix.
+"""LORA_STACK lists from other packs (Efficiency Nodes, Comfyroll, LoRA Manager), checked once at the
+edge, and the schedule text of each entry.
 """
 
 from __future__ import annotations
@@ -48,7 +37,20 @@ class StackEntry:
 
 
 def stack_entries(stack: Sequence | None) -> tuple[StackEntry, ...]:
-    """The entries of ``stack`` (None: none), "None" names skipped; raises StackError on a bad entry."""
+    """The entries of ``stack`` (None: none), "None" names skipped; raises StackError on a bad entry.
+
+        stack_entries([("ink.safetensors", 0.8, 1.0)])  -> (StackEntry(1, "ink.safetensors", 0.8, 1.0),)
+        entry_schedules("2: 0@0, 1@0.5\\nink: 1@0, 0@1", entries)  -> {2: "0@0, 1@0.5", 1: "1@0, 0@1"}
+
+    A LORA_STACK is a list of (LoRA file name, model strength, clip strength) tuples, as Efficiency Nodes'
+    LoRA Stacker, Comfyroll's CR LoRA Stack and LoRA Manager's Lora Stacker make it: names as ComfyUI lists
+    the loras folder (LoRA Manager writes the OS separator, and an absolute path for a file outside the
+    loras roots it knows); "None" entries are skipped, as those packs skip them. Data flow: a node's
+    LORA_STACK input -> ``stack_entries`` (shape and numbers checked here) -> per entry the node layer
+    resolves the name in the loras folder (nodes/lora_files.py, nearest names on a miss) and
+    ``entry_schedules`` gives its schedule text (hooks/schedule_text.py syntax) -> lora_hooks.lora_hook.
+    Errors (StackError) name the entry, its value and the fix.
+    """
     if stack is None:
         return ()
     if isinstance(stack, (str, bytes, dict)) or not isinstance(stack, Sequence):

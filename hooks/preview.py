@@ -1,11 +1,5 @@
-"""What strength each hook has at each step, before sampling: core's keyframe logic run on a copy.
-
-    sampling_sigmas(model, steps, scheduler, denoise) -> the sigmas KSampler would use
-    strength_trace(hooks, model, sigmas) -> one StrengthTrace per WeightHook: strength_model per step
-
-The keyframes are cloned and driven exactly as sampling drives them (initialize_timesteps, then
-prepare_current_keyframe at each step's sigma with ``sample_sigmas`` set), so core's keyframes and
-Patchbay's report what the sampler will apply. Nothing passed in is changed.
+"""What strength each hook has at each step, before sampling: core's keyframe logic run on a copy, so the
+Hook Schedule Preview shows what the sampler will apply.
 """
 
 from __future__ import annotations
@@ -49,7 +43,15 @@ def sampling_sigmas(model: ModelPatcher, steps: int, scheduler: str, denoise: fl
 def strength_trace(hooks: comfy.hooks.HookGroup, model: ModelPatcher,
                    sigmas: torch.Tensor) -> list[StrengthTrace]:
     """Each WeightHook's strength_model at each step of a run over ``sigmas``, named by its hook_id
-    (Patchbay's LoRA nodes set the file name) or its place in the group."""
+    (Patchbay's LoRA nodes set the file name) or its place in the group.
+
+        sampling_sigmas(model, steps, scheduler, denoise) -> the sigmas KSampler would use
+        strength_trace(hooks, model, sigmas) -> one StrengthTrace per WeightHook: strength_model per step
+
+    The keyframes are cloned and driven exactly as sampling drives them (initialize_timesteps, then
+    prepare_current_keyframe at each step's sigma with ``sample_sigmas`` set), so core's keyframes and
+    Patchbay's report what the sampler will apply. Nothing passed in is changed.
+    """
     base = model.model
     options = {"sample_sigmas": sigmas}
     traces = []

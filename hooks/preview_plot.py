@@ -1,12 +1,5 @@
-"""The schedule preview picture: every hook's strength against step and sampling percent.
-
-    preview(hooks, model, steps, scheduler, denoise) -> (IMAGE, text): hooks/preview.py's strengths drawn
-    traces (name, strength per step), percents, sigmas --schedule_image()--> PIL image
-        one lane per hook (bars by step, height and colour = strength, the value written in),
-        x axis: step number and, under it, the sampling percent of that step; sigma curve on top
-
-The trace timeline's style (patcher/trace_plot.py), sized to stay readable at the frontend's
-preview size (large fonts, at most ~1000 px wide). Pillow only.
+"""The schedule preview picture: every hook's strength against step and sampling percent, in the trace
+timeline's look (patcher/drawing.py), sized to stay readable at the frontend's preview size.
 """
 
 from __future__ import annotations
@@ -27,7 +20,16 @@ _LANE_H, _LABEL_W, _PAD, _TITLE_H, _SIGMA_H, _AXIS_H = 44, 220, 18, 48, 54, 70
 
 def schedule_image(traces: Sequence[StrengthTrace], percents: Sequence[float], sigmas: Sequence[float],
                    title: str) -> Image.Image:
-    """The preview of ``traces`` over len(percents) steps; ``sigmas`` has one more value (the end)."""
+    """The preview of ``traces`` over len(percents) steps; ``sigmas`` has one more value (the end).
+
+        preview(hooks, model, steps, scheduler, denoise) -> (IMAGE, text): hooks/preview.py's strengths drawn
+        traces (name, strength per step), percents, sigmas --schedule_image()--> PIL image
+            one lane per hook (bars by step, height and colour = strength, the value written in),
+            x axis: step number and, under it, the sampling percent of that step; sigma curve on top
+
+    The trace timeline's style (patcher/trace_plot.py), sized to stay readable at the frontend's
+    preview size (large fonts, at most ~1000 px wide).
+    """
     steps = max(len(percents), 1)
     plot_w = min(max(44 * steps, 520), 1000)
     step_w = plot_w / steps

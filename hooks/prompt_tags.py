@@ -1,12 +1,5 @@
-"""A1111-style LoRA tags in a prompt: ``<lora:name:0.8>`` and ``<lora:name:0@0,1@0.5>`` (a schedule).
-
-    split_prompt("a knight <lora:armor:0.8>") -> ("a knight", (LoraTag("armor", 0.8, None, 10),))
-    split_prompt("<lora:armor:0.8:lbw=OUTALL>")  -> a tag whose ``blocks`` is "OUTALL"
-
-The text without its tags is what gets encoded; each tag becomes a LoRA hook on that prompt only.
-``<lora:name>`` is strength 1. ``lbw=`` (the LoRA Block Weight extension's preset or number list,
-hooks/lbw.py) is checked here for what needs no model; the node maps it to blocks. Errors
-(ScheduleError) name the tag and its column. Standard library only.
+"""A1111-style LoRA tags in a prompt (``<lora:name:0.8>``, ``<lora:name:0@0,1@0.5>``): the text without its
+tags is encoded and each tag becomes a LoRA hook on that prompt only. Standard library only.
 """
 
 from __future__ import annotations
@@ -36,7 +29,15 @@ class LoraTag:
 
 
 def split_prompt(text: str) -> tuple[str, tuple[LoraTag, ...]]:
-    """(the prompt without its LoRA tags, the tags in order). Line breaks count as one column each."""
+    """(the prompt without its LoRA tags, the tags in order). Line breaks count as one column each.
+
+        split_prompt("a knight <lora:armor:0.8>") -> ("a knight", (LoraTag("armor", 0.8, None, 10),))
+        split_prompt("<lora:armor:0.8:lbw=OUTALL>")  -> a tag whose ``blocks`` is "OUTALL"
+
+    ``<lora:name>`` is strength 1. ``lbw=`` (the LoRA Block Weight extension's preset or number list,
+    hooks/lbw.py) is checked here for what needs no model; the node maps it to blocks. Errors
+    (ScheduleError) name the tag and its column.
+    """
     tags = tuple(_tag(m.group(1), m.start() + 1, m.group(0)) for m in _TAG.finditer(text))
     opened = text.lower().rfind("<lora:")
     if opened >= 0 and ">" not in text[opened:]:

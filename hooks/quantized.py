@@ -1,32 +1,5 @@
-"""Weights kept quantized (ComfyUI's fp8 / nvfp4, ComfyUI-GGUF's GGUF): shapes and values, for the engine.
-
-Three stored forms, each read back only by the layer that holds it:
-
-- ComfyUI's mixed-precision layers (``comfy.ops.mixed_precision_ops``, ComfyUI 0.3.75 and 0.33: fp8
-  and, on 0.33, nvfp4 ...): the weight is a ``comfy.quant_ops.QuantizedTensor`` (a tensor subclass
-  whose ``shape`` is the logical shape), the layer a plain Module with Linear's attributes (not a
-  ``torch.nn.Linear``), and ``convert_weight`` dequantizes it;
-- ComfyUI 0.3.75's older scaled fp8 layers (``comfy.ops.scaled_fp8_ops``): a plain float8 weight that
-  the layer multiplies by its ``scale_weight``; ``convert_weight`` does that;
-- ComfyUI-GGUF's layers: a ``GGMLTensor`` (integer storage of GGML blocks, logical ``shape``, the GGML
-  type in ``tensor_type``), dequantized in every forward by the layer's ``get_weight(tensor, dtype)``,
-  which also adds the LoRA patches LoraLoader attached to the tensor (``patches``).
-
-What that means for the engine (data flow)::
-
-    hook patches -> plan: shapes from ``weight.shape`` (the logical shape), never from the storage
-    LoRA/LoCon   -> forward deltas on the layer's output: no weight needed, so nothing is dequantized
-                    and the weights stay as they are stored
-    dense deltas (model-as-LoRA, LoHa, LoKr, DoRA) -> ``plain_weight``: the weight as the layer
-        computes with it, by ComfyUI's own ``convert_weight`` (what LoraLoader's patch path takes as
-        the base: ``comfy.model_patcher.get_key_weight``) or ComfyUI-GGUF's ``get_weight`` on a
-        patch-free alias of the same blocks (the unpatched weight, as core takes a model-as-LoRA's
-        base), in float32
-    rounding "loraloader" -> quantized weights take the compute path (``kept_quantized``): ComfyUI-GGUF's
-        LoraLoader adds the LoRA in the compute dtype too; ComfyUI's requantizes W + delta, which
-        differs from the compute path by that weight's quantization noise
-
-Nothing here imports ComfyUI-GGUF: its tensor and layer are used through the attributes above.
+"""Weights kept quantized (ComfyUI's fp8 / nvfp4, ComfyUI-GGUF's GGUF): their logical shapes and the values
+the layer computes with, so the engine works on them without importing ComfyUI-GGUF.
 """
 
 from __future__ import annotations
@@ -69,6 +42,34 @@ def plain_weight(module: torch.nn.Module, key: str, tensor: torch.Tensor,
     dequantized by ``module`` itself (ComfyUI-GGUF's ``get_weight``), exactly as its forward does, from
     an alias of the same blocks that carries no patches; any other is cast (a GGUF F16/F32 tensor as a
     plain torch.Tensor).
+
+    Three stored forms, each read back only by the layer that holds it:
+
+    - ComfyUI's mixed-precision layers (``comfy.ops.mixed_precision_ops``, ComfyUI 0.3.75 and 0.33: fp8
+      and, on 0.33, nvfp4 ...): the weight is a ``comfy.quant_ops.QuantizedTensor`` (a tensor subclass
+      whose ``shape`` is the logical shape), the layer a plain Module with Linear's attributes (not a
+      ``torch.nn.Linear``), and ``convert_weight`` dequantizes it;
+    - ComfyUI 0.3.75's older scaled fp8 layers (``comfy.ops.scaled_fp8_ops``): a plain float8 weight that
+      the layer multiplies by its ``scale_weight``; ``convert_weight`` does that;
+    - ComfyUI-GGUF's layers: a ``GGMLTensor`` (integer storage of GGML blocks, logical ``shape``, the GGML
+      type in ``tensor_type``), dequantized in every forward by the layer's ``get_weight(tensor, dtype)``,
+      which also adds the LoRA patches LoraLoader attached to the tensor (``patches``).
+
+    What that means for the engine (data flow)::
+
+        hook patches -> plan: shapes from ``weight.shape`` (the logical shape), never from the storage
+        LoRA/LoCon   -> forward deltas on the layer's output: no weight needed, so nothing is dequantized
+                        and the weights stay as they are stored
+        dense deltas (model-as-LoRA, LoHa, LoKr, DoRA) -> ``plain_weight``: the weight as the layer
+            computes with it, by ComfyUI's own ``convert_weight`` (what LoraLoader's patch path takes as
+            the base: ``comfy.model_patcher.get_key_weight``) or ComfyUI-GGUF's ``get_weight`` on a
+            patch-free alias of the same blocks (the unpatched weight, as core takes a model-as-LoRA's
+            base), in float32
+        rounding "loraloader" -> quantized weights take the compute path (``kept_quantized``): ComfyUI-GGUF's
+            LoraLoader adds the LoRA in the compute dtype too; ComfyUI's requantizes W + delta, which
+            differs from the compute path by that weight's quantization noise
+
+    ComfyUI-GGUF's tensor and layer are used through the attributes above (nothing imports it).
     """
     convert = getattr(module, f"convert_{key.rsplit('.', 1)[-1]}", None)
     if convert is not None:

@@ -1,21 +1,5 @@
-"""A full per-key delta computed on first use, as a core WeightHook: the recipe hook's machinery.
-
-A recipe hook is core's model-as-LoRA hook with deltas that are not in memory yet::
-
-    recipe_hook(fetch, shapes, strength, keyframes, prev, name) -> HookGroup
-      one RecipeWeightHook (a core WeightHook: keyframes, masks, Cond Set Props, core's hook nodes)
-      .weights = {model key: LazyDelta(fetch, key)}        need_weight_init False, like model-as-LoRA
-    LazyDelta: a weight adapter (comfy.weight_adapter) whose calculate_weight adds
-      ``strength * fetch(key)``; fetch runs when the weight is first needed, never at hook creation
-      core's hook path   patch_hooks -> calculate_weight -> LazyDelta (per key it patches)
-      Fast Hooks         a dense delta (hooks/plan.py; linear in strength: fetched once at strength 1,
-                         scaled per step), kept in the engine's byte-budgeted cache
-    RecipeWeightHook.check_model(model): before either path patches anything, every key of the
-      recipe must be a weight of the model with the same shape, else RecipeMismatchError (core's
-      hook path would silently skip keys the model lacks).
-
-``fetch(key) -> fp32 tensor | None`` comes from the node layer (a merge session); None leaves the key
-unchanged. This module knows no merge code.
+"""A full per-key delta computed on first use, as a core WeightHook: the Recipe Hook's machinery, so a
+merge recipe can be scheduled like a model-as-LoRA hook without merging up front. Knows no merge code.
 """
 
 from __future__ import annotations
@@ -112,7 +96,25 @@ def recipe_hook(fetch: Fetch, shapes: dict[str, tuple[int, ...]], strength_model
                 keyframes: comfy.hooks.HookKeyframeGroup | None = None,
                 prev: comfy.hooks.HookGroup | None = None, name: str | None = None) -> comfy.hooks.HookGroup:
     """``prev``'s hooks plus a recipe hook adding ``strength_model * fetch(key)`` to each model key of
-    ``shapes``, scheduled by ``keyframes``; ``name`` is its hook_id and appears in its errors."""
+    ``shapes``, scheduled by ``keyframes``; ``name`` is its hook_id and appears in its errors.
+
+    A recipe hook is core's model-as-LoRA hook with deltas that are not in memory yet::
+
+        recipe_hook(fetch, shapes, strength, keyframes, prev, name) -> HookGroup
+          one RecipeWeightHook (a core WeightHook: keyframes, masks, Cond Set Props, core's hook nodes)
+          .weights = {model key: LazyDelta(fetch, key)}        need_weight_init False, like model-as-LoRA
+        LazyDelta: a weight adapter (comfy.weight_adapter) whose calculate_weight adds
+          ``strength * fetch(key)``; fetch runs when the weight is first needed, never at hook creation
+          core's hook path   patch_hooks -> calculate_weight -> LazyDelta (per key it patches)
+          Fast Hooks         a dense delta (hooks/plan.py; linear in strength: fetched once at strength 1,
+                             scaled per step), kept in the engine's byte-budgeted cache
+        RecipeWeightHook.check_model(model): before either path patches anything, every key of the
+          recipe must be a weight of the model with the same shape, else RecipeMismatchError (core's
+          hook path would silently skip keys the model lacks).
+
+    ``fetch(key) -> fp32 tensor | None`` comes from the node layer (a merge session); None leaves the key
+    unchanged.
+    """
     hook = RecipeWeightHook(strength_model=strength_model, strength_clip=0.0)
     hook.weights = {key: LazyDelta(fetch, key, shape) for key, shape in shapes.items()}
     hook.weights_clip = {}  # model only: on a CLIP (Set CLIP Hooks) the hook patches nothing

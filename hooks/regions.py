@@ -1,14 +1,5 @@
-"""Regional prompts with one LoRA hook each: masks, feathering and the base prompt's "rest" mask.
-
-    feather(mask, pixels)   -> the mask with soft edges (a separable triangle blur of radius ``pixels``)
-    rest_mask(masks)        -> 1 - max(masks): where no region is, for the base prompt
-    regional_conditioning(regions, base) -> one CONDITIONING: each region's cond with its mask and hooks
-                               (core's set_conds_props, as Cond Set Props does), then the base, combined
-    region_diagram(regions, labels, base, feather_px) -> an IMAGE of where each region (and the base)
-                               samples: region colours weighted by the feathered masks, labels at their
-                               centres; what a user checks before sampling
-
-Masks are ComfyUI MASKs ([H, W] or [B, H, W], values in 0..1). Nothing passed in is changed.
+"""Regional prompts with one LoRA hook each (core's masked conds): masks, feathering, the base prompt's
+"rest" mask and the region diagram a user checks before sampling.
 """
 
 from __future__ import annotations
@@ -77,7 +68,18 @@ def rest_mask(masks: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def regional_conditioning(regions: Sequence[Region], base: list | None = None, feather_px: int = 0) -> list:
     """One CONDITIONING: every region's cond with its (feathered) mask and hooks, then ``base`` on the
-    rest (where no region mask is; everywhere when no region has a mask)."""
+    rest (where no region mask is; everywhere when no region has a mask).
+
+        feather(mask, pixels)   -> the mask with soft edges (a separable triangle blur of radius ``pixels``)
+        rest_mask(masks)        -> 1 - max(masks): where no region is, for the base prompt
+        regional_conditioning(regions, base) -> one CONDITIONING: each region's cond with its mask and hooks
+                                   (core's set_conds_props, as Cond Set Props does), then the base, combined
+        region_diagram(regions, labels, base, feather_px) -> an IMAGE of where each region (and the base)
+                                   samples: region colours weighted by the feathered masks, labels at their
+                                   centres; what a user checks before sampling
+
+    Masks are ComfyUI MASKs ([H, W] or [B, H, W], values in 0..1). Nothing passed in is changed.
+    """
     if not regions:
         raise ValueError("no region: connect at least one cond_N (with its mask_N and lora_N).")
     out: list = []

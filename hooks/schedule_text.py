@@ -1,13 +1,5 @@
-"""Strength schedules as text and as curves: the pure logic behind Patchbay's keyframe nodes.
-
-    "0@0, 1@0.3, 0.2@1"  --parse_schedule-->  (Point(0.0, 0.0), Point(1.0, 0.3), Point(0.2, 1.0))
-    strengths + positions --interpolate----->  count points from start to end along an easing curve
-    FLOATS                --spread---------->  one point per value, evenly from start to end percent
-
-A point is ``strength@position`` (the loractl form). Positions are sampling percent in [0, 1] by
-default, or step numbers (0 = the first step) with ``unit="step"``, or sigmas with ``unit="sigma"``.
-Errors are :class:`ScheduleError` naming the item, its line and column and the fix.
-Standard library only.
+"""Strength schedules as text and as curves (``0@0, 1@0.3``, the loractl form): the pure logic behind
+Patchbay's keyframe nodes. Standard library only.
 """
 
 from __future__ import annotations
@@ -55,6 +47,14 @@ def parse_schedule(text: str, unit: str = "percent") -> tuple[Point, ...]:
 
     >>> parse_schedule("0@0, 1@0.3")
     (Point(strength=0.0, at=0.0), Point(strength=1.0, at=0.3))
+
+        "0@0, 1@0.3, 0.2@1"  --parse_schedule-->  (Point(0.0, 0.0), Point(1.0, 0.3), Point(0.2, 1.0))
+        strengths + positions --interpolate----->  count points from start to end along an easing curve
+        FLOATS                --spread---------->  one point per value, evenly from start to end percent
+
+    A point is ``strength@position`` (the loractl form). Positions are sampling percent in [0, 1] by
+    default, or step numbers (0 = the first step) with ``unit="step"``, or sigmas with ``unit="sigma"``.
+    Errors are :class:`ScheduleError` naming the item, its line and column and the fix.
     """
     _check_unit(unit)
     points: list[Point] = []

@@ -1,20 +1,5 @@
 """The model families the merge library knows: one table, read by detection, block maps and the refusal
-of cross-family merges.
-
-Each ``Family`` says how a file of it is recognised (``rules``: key globs and, where ComfyUI tells
-families apart by a width, a shape; re-stated from ComfyUI's ``comfy/model_detection.py`` and
-``comfy/supported_models.py``, 0.33, since ``merge/`` imports no ComfyUI) and how its diffusion model
-is cut into blocks (``groups``: indexed blocks such as ``double_blocks.N``, counted from the file;
-``head``/``tail``: the modules before and after them). Keys are matched without ComfyUI's
-``model.diffusion_model.`` prefix, so whole checkpoints and diffusion-model-only files are read alike.
-Families are tried in table order; the first whose rule holds wins (Flux.2, Chroma and HunyuanVideo
-before Flux.1, which shares ``double_blocks``). A file that matches none is ``unknown``: it still
-merges key by key, without block names.
-
-A file's ``layout`` is its block count per group (Flux.2 [dev]: 8 double + 48 single blocks, Klein
-fewer; Wan 1.3B 30, 14B 40): two inputs merge when family and layout agree (``same_layout``). The
-UNet families (SD1.5, SD2, SDXL) keep sd-mecha's fixed supermerger block names (``IN00``.., ``M00``,
-``OUT00``..) whatever their depth; every other family names blocks after its modules.
+of cross-family merges (restated from ComfyUI's model detection, since merge/ imports no ComfyUI).
 """
 
 from __future__ import annotations
@@ -45,7 +30,23 @@ class Probe:
 
 @dataclass(frozen=True)
 class Family:
-    """One row of the table (see the module docstring)."""
+    """One row of the table (see the module docstring).
+
+    Each ``Family`` says how a file of it is recognised (``rules``: key globs and, where ComfyUI tells
+    families apart by a width, a shape; re-stated from ComfyUI's ``comfy/model_detection.py`` and
+    ``comfy/supported_models.py``, 0.33, since ``merge/`` imports no ComfyUI) and how its diffusion model
+    is cut into blocks (``groups``: indexed blocks such as ``double_blocks.N``, counted from the file;
+    ``head``/``tail``: the modules before and after them). Keys are matched without ComfyUI's
+    ``model.diffusion_model.`` prefix, so whole checkpoints and diffusion-model-only files are read alike.
+    Families are tried in table order; the first whose rule holds wins (Flux.2, Chroma and HunyuanVideo
+    before Flux.1, which shares ``double_blocks``). A file that matches none is ``unknown``: it still
+    merges key by key, without block names.
+
+    A file's ``layout`` is its block count per group (Flux.2 [dev]: 8 double + 48 single blocks, Klein
+    fewer; Wan 1.3B 30, 14B 40): two inputs merge when family and layout agree (``same_layout``). The
+    UNet families (SD1.5, SD2, SDXL) keep sd-mecha's fixed supermerger block names (``IN00``.., ``M00``,
+    ``OUT00``..) whatever their depth; every other family names blocks after its modules.
+    """
 
     id: str
     name: str

@@ -1,15 +1,5 @@
-"""Which block and which component a state-dict key belongs to, and per-block literal resolution.
-
-Every family of the table in merge/architectures.py has block names. The UNet families follow
-sd-mecha's supermerger block configs: SD1.5 and SD2 have 26 (``BASE``, ``IN00``..``IN11``, ``M00``,
-``OUT00``..``OUT11``), SDXL 20 (``BASE``, ``IN00``..``IN08``, ``M00``, ``OUT00``..``OUT08``) plus ``VAE``.
-The others are named after their modules: indexed blocks as in the keys (Flux ``double_blocks.N``,
-``single_blocks.N``, Wan ``blocks.N``, Qwen-Image ``transformer_blocks.N``, ...), counted from the file
-when its keys are at hand (Flux.1 [dev] 19 + 38, Flux.2 [dev] 8 + 48), every other top-level module
-of the diffusion model by its name (``img_in``, ``final_layer``, ``head``, ...), and ``BASE`` (text
-encoders) / ``VAE`` outside it. Without a file, a family's reference release gives the counts (the
-block-weight nodes' widgets). Keys may carry ComfyUI's ``model.diffusion_model.`` prefix or not
-(diffusion-model-only files).
+"""Which block and which component a state-dict key belongs to, and per-block literal resolution, so a
+recipe's block maps (``IN00=0, OUT*=1``) mean the same on every family.
 """
 
 from __future__ import annotations
@@ -31,7 +21,19 @@ _DIFFUSION = archs.DIFFUSION_PREFIX
 
 def block_names(arch: str, keys: Iterable[str] | None = None) -> tuple[str, ...]:
     """Every block name of ``arch`` in model order (empty for an unknown architecture): counted from
-    ``keys`` (canonical or diffusion-model-only) when given, else the family's reference release."""
+    ``keys`` (canonical or diffusion-model-only) when given, else the family's reference release.
+
+    Every family of the table in merge/architectures.py has block names. The UNet families follow
+    sd-mecha's supermerger block configs: SD1.5 and SD2 have 26 (``BASE``, ``IN00``..``IN11``, ``M00``,
+    ``OUT00``..``OUT11``), SDXL 20 (``BASE``, ``IN00``..``IN08``, ``M00``, ``OUT00``..``OUT08``) plus ``VAE``.
+    The others are named after their modules: indexed blocks as in the keys (Flux ``double_blocks.N``,
+    ``single_blocks.N``, Wan ``blocks.N``, Qwen-Image ``transformer_blocks.N``, ...), counted from the file
+    when its keys are at hand (Flux.1 [dev] 19 + 38, Flux.2 [dev] 8 + 48), every other top-level module
+    of the diffusion model by its name (``img_in``, ``final_layer``, ``head``, ...), and ``BASE`` (text
+    encoders) / ``VAE`` outside it. Without a file, a family's reference release gives the counts (the
+    block-weight nodes' widgets). Keys may carry ComfyUI's ``model.diffusion_model.`` prefix or not
+    (diffusion-model-only files).
+    """
     family = archs.BY_ID.get(arch)
     if family is None:
         return ()

@@ -1,20 +1,5 @@
-"""What the executor checks in every merged float tensor before it is written: no inf or NaN, and no
-value far beyond every input's range.
-
-A broken merge is worse than an error when its values are finite: model_stock's degenerate cases once
-wrote +-3.4e38 into 1x1 convolutions, a model that loads and samples NaN. So each output key is
-checked in one pass over the tensor as written (``torch.aminmax``, which propagates NaN), in the
-pipeline's writer thread, before the key is written or cached (the calling thread computes meanwhile):
-
-- inf or NaN: ``MergeOptions.nonfinite`` "error" raises ``NonFiniteError`` (naming the key and whether
-  an input file or the recipe made it), "warn" lists the key in ``MergeReport.nonfinite``;
-- largest magnitude over ``RANGE_FACTOR`` times the largest magnitude of the key's inputs: listed in
-  ``MergeReport.out_of_range`` and turned into a warning (``stream_warnings``). The inputs' magnitude
-  is first bounded from below by a few thousand elements of each input in memory (the unit just
-  read); only when the output passes ``RANGE_FACTOR`` times that bound are the inputs read again and
-  measured whole, so a normal merge pays nothing for it.
-
-``stream_warnings(report)`` turns both lists into the report's warnings once streaming is done.
+"""What the executor checks in every merged float tensor before it is written: no inf or NaN, and no value
+far beyond every input's range (a broken merge with finite values is worse than an error).
 """
 
 from __future__ import annotations
@@ -67,7 +52,23 @@ def check_output(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report
     """``out`` (one key's finished output, as it will be written) after the checks of the module
     docstring; ``known`` bounds the inputs' largest magnitude from below (``known_magnitude``). The
     pipeline runs it in its writer thread before the key is written or cached (and, for the keys
-    already handed over when a merge stops, in the calling thread before they are cached)."""
+    already handed over when a merge stops, in the calling thread before they are cached).
+
+    A broken merge is worse than an error when its values are finite: model_stock's degenerate cases once
+    wrote +-3.4e38 into 1x1 convolutions, a model that loads and samples NaN. So each output key is
+    checked in one pass over the tensor as written (``torch.aminmax``, which propagates NaN), in the
+    pipeline's writer thread, before the key is written or cached (the calling thread computes meanwhile):
+
+    - inf or NaN: ``MergeOptions.nonfinite`` "error" raises ``NonFiniteError`` (naming the key and whether
+      an input file or the recipe made it), "warn" lists the key in ``MergeReport.nonfinite``;
+    - largest magnitude over ``RANGE_FACTOR`` times the largest magnitude of the key's inputs: listed in
+      ``MergeReport.out_of_range`` and turned into a warning (``stream_warnings``). The inputs' magnitude
+      is first bounded from below by a few thousand elements of each input in memory (the unit just
+      read); only when the output passes ``RANGE_FACTOR`` times that bound are the inputs read again and
+      measured whole, so a normal merge pays nothing for it.
+
+    ``stream_warnings(report)`` turns both lists into the report's warnings once streaming is done.
+    """
     size = magnitude(out)
     if not math.isfinite(size):
         if options.nonfinite == "error":

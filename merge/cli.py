@@ -1,15 +1,5 @@
-"""The merge command line: merge a .mecha recipe to a file, extract a LoRA, show, validate, list methods.
-
-Run it through ``devtools/patchbay_merge.py``, or call ``main([...])`` from a script that imports
-``merge`` (README). Every user error (bad recipe, missing or broken model, existing output) prints
-one ``error:`` line and exits with status 2; nothing is written in that case.
-
-    patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
-    patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9 | --lokr 0.5
-    patchbay_merge.py lora-stack out.safetensors a.safetensors:0.8 b.safetensors:-0.5 --rank 32
-    patchbay_merge.py show recipe.mecha [--compact]
-    patchbay_merge.py validate recipe.mecha
-    patchbay_merge.py methods
+"""The merge command line (merge, extract, lora-stack, show, validate, methods), run through
+``devtools/patchbay_merge.py`` or ``main([...])``; every user error is one ``error:`` line, status 2.
 """
 
 from __future__ import annotations
@@ -34,6 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     Every failure ends in one line on stderr, never a traceback: user errors (exit 2), an
     interrupt by Ctrl-C or SIGTERM (130 / 143, the temporary output deleted) and, should one
     remain, an engine bug (exit 1, named as such).
+
+    A user error (bad recipe, missing or broken model, existing output) writes nothing. Usage::
+
+        patchbay_merge.py merge recipe.mecha out.safetensors [--dtype fp16] [--param alpha=0.3] ...
+        patchbay_merge.py extract delta.mecha lora.safetensors --rank 32 | --energy 0.9 | --lokr 0.5
+        patchbay_merge.py lora-stack out.safetensors a.safetensors:0.8 b.safetensors:-0.5 --rank 32
+        patchbay_merge.py show recipe.mecha [--compact]
+        patchbay_merge.py validate recipe.mecha
+        patchbay_merge.py methods
     """
     parser = build_parser()
     args = parser.parse_args(argv)

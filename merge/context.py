@@ -1,15 +1,5 @@
-"""What a merge method sees besides its tensors: the key being merged and a per-key cache.
-
-The executor (merge/execute.py) builds one ``KeyContext`` per (method call, key) and passes it as
-``ctx=`` to ``method.fn(*tensors, **scalars, ctx=ctx)``; methods import nothing else from it.
-
-Absent keys: a method may return ``None`` to say "this key is absent from my output"
-(``pick_component`` / ``omit_component``); a method registered with ``accepts_missing=True``
-(``fallback``) receives ``None`` for an input that has no such key, every other method is skipped
-for that key (the executor applies its missing-key policy).
-
-``checked_steps`` is the loop of the commands that go key by key or module by module (extract,
-lora-stack): an interrupt check and a progress report before each item.
+"""What a merge method sees besides its tensors: the key being merged and a per-key cache (``KeyContext``),
+and the key-by-key loop with interrupt and progress (``checked_steps``).
 """
 
 from __future__ import annotations
@@ -34,6 +24,17 @@ class KeyContext:
     - ``arch``: the detected family of the output (merge/architectures.py: ``sd15``, ``flux2``, ...,
       ``unknown``);
       ``pick_component`` / ``omit_component`` need it to know a key's component.
+
+    The executor (merge/execute.py) builds one ``KeyContext`` per (method call, key) and passes it as
+    ``ctx=`` to ``method.fn(*tensors, **scalars, ctx=ctx)``; methods import nothing else from it.
+
+    Absent keys: a method may return ``None`` to say "this key is absent from my output"
+    (``pick_component`` / ``omit_component``); a method registered with ``accepts_missing=True``
+    (``fallback``) receives ``None`` for an input that has no such key, every other method is skipped
+    for that key (the executor applies its missing-key policy).
+
+    ``checked_steps`` is the loop of the commands that go key by key or module by module (extract,
+    lora-stack): an interrupt check and a progress report before each item.
     """
 
     key: str = ""

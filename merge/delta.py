@@ -1,20 +1,5 @@
-"""A recipe as a difference, evaluated one key at a time: what a recipe hook adds to a model.
-
-A recipe hook (ComfyUI node PatchbayRecipeHook, hooks/recipe_hook.py) applies ``strength * delta`` to the
-model it runs on, the way core's model-as-LoRA hook applies ``strength * (B - W)``. The delta is the
-recipe minus its base::
-
-    delta_recipe(recipe, base)       weight-space recipe and a base  -> subtract(recipe, base)
-                                     delta-space recipe (subtract(...), a LoRA, TIES of differences),
-                                     no base                         -> the recipe itself
-                                     anything else                   -> RecipeError naming the fix
-    RecipeDeltas(delta, options)     a MergeSession opened once (headers only, every input checked:
-                                     one architecture); ``shapes`` lists the float keys and their
-                                     shapes, ``delta(key)`` evaluates one key in fp32 on first use
-                                     (MergeSession.evaluate, with the options' MergeCache)
-
-At strength 1 on the base model the hook gives ``base + (recipe - base)``: the merged model.
-ComfyUI-free; the keys are the recipe's canonical ones (``model.diffusion_model.X``).
+"""A recipe as a difference, evaluated one key at a time: what a Recipe Hook adds to a model (the recipe
+minus its base, as core's model-as-LoRA hook adds ``B - W``). ComfyUI-free.
 """
 
 from __future__ import annotations
@@ -57,7 +42,24 @@ def delta_recipe(recipe: Node, base: Node | None = None) -> Node:
 
 
 class RecipeDeltas:
-    """One key's delta at a time from a delta recipe (see the module docstring); thread-safe."""
+    """One key's delta at a time from a delta recipe (see the module docstring); thread-safe.
+
+    A recipe hook (ComfyUI node PatchbayRecipeHook, hooks/recipe_hook.py) applies ``strength * delta`` to the
+    model it runs on, the way core's model-as-LoRA hook applies ``strength * (B - W)``. The delta is the
+    recipe minus its base::
+
+        delta_recipe(recipe, base)       weight-space recipe and a base  -> subtract(recipe, base)
+                                         delta-space recipe (subtract(...), a LoRA, TIES of differences),
+                                         no base                         -> the recipe itself
+                                         anything else                   -> RecipeError naming the fix
+        RecipeDeltas(delta, options)     a MergeSession opened once (headers only, every input checked:
+                                         one architecture); ``shapes`` lists the float keys and their
+                                         shapes, ``delta(key)`` evaluates one key in fp32 on first use
+                                         (MergeSession.evaluate, with the options' MergeCache)
+
+    At strength 1 on the base model the hook gives ``base + (recipe - base)``: the merged model.
+    ComfyUI-free; the keys are the recipe's canonical ones (``model.diffusion_model.X``).
+    """
 
     def __init__(self, delta: Node, options: MergeOptions) -> None:
         self.session = MergeSession(delta, options)

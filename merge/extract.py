@@ -1,21 +1,5 @@
-"""LoRA extraction: a delta recipe (``subtract(tuned, base)``, or any recipe in delta space) to a kohya LoRA.
-
-Each 2-D weight (linear) and 3-D to 5-D weight (a 1-D, 2-D or 3-D convolution, flattened to
-``out x in*k...``: Wan's and HunyuanVideo's Conv3d patch embeddings too) of the diffusion model and of
-the text encoder's attention/MLP linears is decomposed by SVD and truncated to ``rank``
-(``conv_rank`` for kernels larger than 1x1) or to the smallest rank that keeps ``energy`` of the
-squared singular values. The singular values are split evenly between ``lora_up`` and
-``lora_down`` (balanced fp16 ranges) and ``alpha`` equals the rank, so ComfyUI's LoraLoader adds
-exactly ``up @ down`` at strength 1: the best rank-r approximation of the delta (Eckart-Young).
-
-Names are those ComfyUI's LoraLoader maps without warnings: ``lora_unet_`` + the LDM module path
-(``input_blocks_1_1_proj_in``) and ``lora_te_`` / ``lora_te1_`` + the CLIP-L module path. Deltas that
-LoRA cannot carry (biases, norms, embeddings: listed in ``ExtractReport.dropped``, not evaluated)
-and all-zero deltas are left out.
-
-With ``kronecker_ratio`` it writes a LoKr instead (LyCORIS ``lokr_w1`` / ``lokr_w2`` per module, no
-alpha: ComfyUI adds ``kron(w1, w2)``): the nearest single Kronecker product to each delta, w1 sized by
-the ratio (merge/methods/kronecker.py, the factors of sd-mecha's ``extract_lycoris_lokr``).
+"""LoRA extraction: a delta recipe (``subtract(tuned, base)``, or any recipe in delta space) to a kohya LoRA
+(truncated SVD) or a LoKr, named as ComfyUI's LoraLoader maps them.
 """
 
 from __future__ import annotations
@@ -114,7 +98,25 @@ def kohya_name(key: str) -> str | None:
 
 def extract_lora(recipe: object, out_path: str | Path,
                  options: ExtractOptions | None = None) -> ExtractReport:
-    """Decompose every LoRA-able key of ``recipe``'s output into a kohya LoRA at ``out_path``."""
+    """Decompose every LoRA-able key of ``recipe``'s output into a kohya LoRA at ``out_path``.
+
+    Each 2-D weight (linear) and 3-D to 5-D weight (a 1-D, 2-D or 3-D convolution, flattened to
+    ``out x in*k...``: Wan's and HunyuanVideo's Conv3d patch embeddings too) of the diffusion model and of
+    the text encoder's attention/MLP linears is decomposed by SVD and truncated to ``rank``
+    (``conv_rank`` for kernels larger than 1x1) or to the smallest rank that keeps ``energy`` of the
+    squared singular values. The singular values are split evenly between ``lora_up`` and
+    ``lora_down`` (balanced fp16 ranges) and ``alpha`` equals the rank, so ComfyUI's LoraLoader adds
+    exactly ``up @ down`` at strength 1: the best rank-r approximation of the delta (Eckart-Young).
+
+    Names are those ComfyUI's LoraLoader maps without warnings: ``lora_unet_`` + the LDM module path
+    (``input_blocks_1_1_proj_in``) and ``lora_te_`` / ``lora_te1_`` + the CLIP-L module path. Deltas that
+    LoRA cannot carry (biases, norms, embeddings: listed in ``ExtractReport.dropped``, not evaluated)
+    and all-zero deltas are left out.
+
+    With ``kronecker_ratio`` it writes a LoKr instead (LyCORIS ``lokr_w1`` / ``lokr_w2`` per module, no
+    alpha: ComfyUI adds ``kron(w1, w2)``): the nearest single Kronecker product to each delta, w1 sized by
+    the ratio (merge/methods/kronecker.py, the factors of sd-mecha's ``extract_lycoris_lokr``).
+    """
     options = options or ExtractOptions()
     start = time.perf_counter()
     out_path = Path(out_path)

@@ -1,7 +1,5 @@
-"""The recipe graph's node types: five frozen dataclasses and the error that carries a path.
-
-Kept apart from the builders and checks in merge/recipe.py (which re-exports everything here) so
-that the data types import nothing but the standard library and the merge-space names (merge/names.py).
+"""The recipe graph's node types: five frozen dataclasses and the error that carries a path, kept apart
+from the builders (merge/recipe.py, which re-exports them) so they import only the standard library.
 """
 
 from __future__ import annotations

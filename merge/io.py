@@ -1,20 +1,5 @@
-"""Lazy safetensors inputs and an atomic, streaming safetensors writer for the merge engine.
-
-Opening a model reads only its header; tensors are read one key at a time: mapped (``map``: a private
-mapping of that key's bytes, read in place from the page cache, released with the tensor, so resident
-memory holds only the keys in flight) or read with ``os.preadv`` into buffers the caller owns. The
-architecture is detected from key names and shapes: a family of merge/architectures.py (``sd15``,
-``sdxl``, ``flux``, ``flux2``, ``wan21``, ...; whole checkpoints or UNet/transformer-only files),
-``lora-kohya``, ``lora-lycoris``, ``lora-peft`` or ``unknown``. Every problem with a file raises
-``ModelFileError`` naming the file and what to do.
-
-The writer knows every output tensor's name, dtype and shape before the first byte, so the header
-is written first and each tensor goes to its final offset as soon as it exists. Bytes go to a
-temporary file next to the output (``.<name>.<pid>-*.partial``: merge/partials.py removes those
-of killed merges); every 64 MiB appended, their writeback to disk is started without waiting, so the
-disk writes while the merge computes; ``commit`` fsyncs and renames it into place (refusing to replace
-an existing file unless ``overwrite``), ``abort`` (or any exception, Ctrl-C included, inside the
-``with`` block) deletes it and leaves everything else untouched.
+"""Lazy safetensors inputs (header first, one key at a time) and an atomic, streaming safetensors writer for
+the merge engine; architecture detection of a file.
 """
 
 from __future__ import annotations
@@ -82,6 +67,14 @@ class SafetensorsFile:
     ``tensors`` maps each key to its ``TensorInfo``; ``arch`` and ``unet_only`` come from
     ``detect_architecture``. ``canonical(key)`` gives the whole-checkpoint name of a key (UNet-only
     files get the ``model.diffusion_model.`` prefix) so files of both layouts merge key by key.
+
+    Opening a model reads only its header; tensors are read one key at a time: mapped (``map``: a private
+    mapping of that key's bytes, read in place from the page cache, released with the tensor, so resident
+    memory holds only the keys in flight) or read with ``os.preadv`` into buffers the caller owns. The
+    architecture is detected from key names and shapes: a family of merge/architectures.py (``sd15``,
+    ``sdxl``, ``flux``, ``flux2``, ``wan21``, ...; whole checkpoints or UNet/transformer-only files),
+    ``lora-kohya``, ``lora-lycoris``, ``lora-peft`` or ``unknown``. Every problem with a file raises
+    ``ModelFileError`` naming the file and what to do.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -322,6 +315,11 @@ class SafetensorsWriter:
     offsets follow what was actually appended and the final header, padded with spaces to the
     reserved size, is written by ``commit()``, which then fsyncs and renames. Leaving the ``with``
     block by an exception (KeyboardInterrupt included) deletes the temporary file instead.
+
+    The temporary file lies next to the output (``.<name>.<pid>-*.partial``: merge/partials.py removes
+    those of killed merges); every 64 MiB appended, its writeback to disk is started without waiting,
+    so the disk writes while the merge computes. ``commit`` refuses to replace an existing file unless
+    ``overwrite``; ``abort`` deletes the temporary file and leaves everything else untouched.
     """
 
     def __init__(self, path: str | os.PathLike, outputs: list[OutputTensor], metadata: Mapping[str, str],

@@ -1,21 +1,10 @@
-"""LoRA files as delta-space merge inputs: kohya LoRA/LoCon and LyCORIS LoHa/LoKr on checkpoint keys.
-
-A ``LoraSource`` maps every module of a LoRA file onto a key of the recipe's base checkpoint and
-computes that key's weight delta on demand, in fp32, exactly as ComfyUI's LoraLoader does at
-strength 1 (``up @ down * alpha / rank``; LoHa ``(w1a @ w1b) * (w2a @ w2b) * alpha / rank``; LoKr
-``kron(w1, w2)`` scaled by ``alpha / rank`` when a factor is low-rank). Convolutions are flattened
-and reshaped to the weight's shape. Keys the LoRA does not touch contribute a zero delta.
-
-Module names: kohya writes ``lora_unet_`` + the diffusers module path for the UNet (LDM paths are
-accepted too) and ``lora_te_`` / ``lora_te1_`` + the Hugging Face CLIP path for the text encoder;
-merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNet layout. PEFT
-``lora_A``/``lora_B`` pairs are read in ComfyUI's own module names, ``diffusion_model.<module path>``
-(ai-toolkit's Wan and Flux.2 LoRAs, LTX-Video-Trainer's converted ones); diffusers names
-(``transformer.transformer_blocks.0.attn.to_q``, slices of fused weights) are not.
+"""LoRA files as delta-space merge inputs (kohya LoRA/LoCon, LyCORIS LoHa/LoKr, PEFT): each key's delta
+computed on demand, in fp32, exactly as ComfyUI's LoraLoader applies it at strength 1.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -31,7 +20,21 @@ _COMFY_PREFIX = "diffusion_model."  # PEFT module names as ComfyUI's LoRA key ma
 
 
 class LoraSource:
-    """A LoRA file as a delta-space source over ``base``'s canonical keys (see module docstring)."""
+    """A LoRA file as a delta-space source over ``base``'s canonical keys (see module docstring).
+
+    A ``LoraSource`` maps every module of a LoRA file onto a key of the recipe's base checkpoint and
+    computes that key's weight delta on demand, in fp32, exactly as ComfyUI's LoraLoader does at
+    strength 1 (``up @ down * alpha / rank``; LoHa ``(w1a @ w1b) * (w2a @ w2b) * alpha / rank``; LoKr
+    ``kron(w1, w2)`` scaled by ``alpha / rank`` when a factor is low-rank). Convolutions are flattened
+    and reshaped to the weight's shape. Keys the LoRA does not touch contribute a zero delta.
+
+    Module names: kohya writes ``lora_unet_`` + the diffusers module path for the UNet (LDM paths are
+    accepted too) and ``lora_te_`` / ``lora_te1_`` + the Hugging Face CLIP path for the text encoder;
+    merge/lora_keys.py numbers the diffusers names from the architecture's fixed UNet layout. PEFT
+    ``lora_A``/``lora_B`` pairs are read in ComfyUI's own module names, ``diffusion_model.<module path>``
+    (ai-toolkit's Wan and Flux.2 LoRAs, LTX-Video-Trainer's converted ones); diffusers names
+    (``transformer.transformer_blocks.0.attn.to_q``, slices of fused weights) are not.
+    """
 
     space = "delta"
 
@@ -84,7 +87,7 @@ class LoraSource:
 
     def info(self, key: str) -> mio.TensorInfo:
         shape = self._shapes[key]
-        return mio.TensorInfo("F32", shape, 0, 4 * mio._prod(shape))
+        return mio.TensorInfo("F32", shape, 0, 4 * math.prod(shape))
 
     def delta(self, key: str) -> torch.Tensor:
         """The fp32 weight delta this LoRA adds to ``key`` at strength 1."""

@@ -1,14 +1,5 @@
-"""kohya LoRA module names -> checkpoint keys, numbered from a fixed UNet layout per architecture.
-
-kohya names a UNet module either by its LDM path (``lora_unet_input_blocks_1_1_proj_in``, read off
-the key itself) or by its diffusers path (``lora_unet_down_blocks_0_attentions_0_proj_in``). The
-diffusers numbering is a property of the architecture, not of the keys a file happens to hold: it
-comes from ``UNetLayout`` (resnets per level, which levels have attention), built the way ComfyUI's
-``comfy.utils.unet_to_diffusers`` builds it. SD1.5 and SDXL use their fixed layouts, so a UNet-only,
-pruned or partial file maps every key it has exactly as the full model does. A file whose blocks
-do not fit the fixed layout of its architecture (a reduced-depth test UNet) has its layout read
-off its input blocks instead, as ComfyUI's model detection does. Text encoders: ``lora_te_`` /
-``lora_te1_`` + the Hugging Face CLIP path.
+"""kohya LoRA module names -> checkpoint keys, numbered from a fixed UNet layout per architecture, so a
+pruned or partial file maps every key exactly as the full model does.
 """
 
 from __future__ import annotations
@@ -33,7 +24,18 @@ _BLOCK = re.compile(r"(input_blocks\.\d+\.0\.op|output_blocks\.\d+\.\d\.conv|inp
 
 @dataclass(frozen=True)
 class UNetLayout:
-    """Per level, top to bottom: (resnets in the level's down block, whether it has attention)."""
+    """Per level, top to bottom: (resnets in the level's down block, whether it has attention).
+
+    kohya names a UNet module either by its LDM path (``lora_unet_input_blocks_1_1_proj_in``, read off
+    the key itself) or by its diffusers path (``lora_unet_down_blocks_0_attentions_0_proj_in``). The
+    diffusers numbering is a property of the architecture, not of the keys a file happens to hold: it
+    comes from ``UNetLayout`` (resnets per level, which levels have attention), built the way ComfyUI's
+    ``comfy.utils.unet_to_diffusers`` builds it. SD1.5 and SDXL use their fixed layouts, so a UNet-only,
+    pruned or partial file maps every key it has exactly as the full model does. A file whose blocks
+    do not fit the fixed layout of its architecture (a reduced-depth test UNet) has its layout read
+    off its input blocks instead, as ComfyUI's model detection does. Text encoders: ``lora_te_`` /
+    ``lora_te1_`` + the Hugging Face CLIP path.
+    """
 
     levels: tuple[tuple[int, bool], ...]
 

@@ -1,23 +1,5 @@
-"""A stack of LoRA files merged into one LoRA: the factors concatenated exactly, then truncated by SVD.
-
-    merge_lora_stack([StackEntry("ink.safetensors", 0.8), StackEntry("style.safetensors", -0.5,
-                      blocks={"OUT*": 0, "default": 1})], "ink-style.safetensors", StackOptions(rank=32))
-        -> StackReport: per module the rank kept, the relative truncation error, opposed LoRAs
-
-Per module (a layer some LoRA of the stack patches), LoRA i adds ``s_i * up_i @ down_i``, where ``s_i``
-is its strength (``clip_strength`` on text-encoder modules) x its block weight x ``alpha_i / r_i``, as
-ComfyUI's LoraLoader applies it. The stack's delta is the sum, held as two factors: the ups side by
-side (``U``, out x R) and the scaled downs stacked (``D``, R x in), R = the sum of the ranks, so
-``U @ D`` is the sum exactly. Truncation never forms it: QR of ``U`` and of ``D^T``, SVD of the small
-core ``R_u @ R_d^T``, the top singular vectors rotated back (merge/extract.py's ``truncate`` splits the
-singular values between up and down). LoHa and LoKr join as exact factors too (lora.module_factors);
-a full ``diff`` module has none: its exact delta (``module_delta``) joins the sum, SVD'd whole. LoCon
-convolutions are flattened to ``out x in*kh*kw`` and written back as ``up (out, r, 1, 1)``,
-``down (r, in, kh, kw)``. Tucker cores and DoRA are refused by module.
-
-The file is kohya's format (``<module>.lora_up.weight``, ``.lora_down.weight``, ``.alpha`` = rank, so
-the scale is 1), written to a temporary file and renamed (merge/io.py). Everything that can be checked
-from the headers (files, families, shapes, the rank, block maps) is checked before a tensor is read.
+"""A stack of LoRA files merged into one LoRA: the factors concatenated exactly, then truncated by SVD
+without ever forming the full delta.
 """
 
 from __future__ import annotations
@@ -149,7 +131,27 @@ class _Lora:
 def merge_lora_stack(entries: Sequence[StackEntry], out_path: str | Path,
                      options: StackOptions | None = None) -> StackReport:
     """Merge ``entries`` into one LoRA at ``out_path`` (see the module docstring); nothing is written
-    unless every module merged with finite values."""
+    unless every module merged with finite values.
+
+        merge_lora_stack([StackEntry("ink.safetensors", 0.8), StackEntry("style.safetensors", -0.5,
+                          blocks={"OUT*": 0, "default": 1})], "ink-style.safetensors", StackOptions(rank=32))
+            -> StackReport: per module the rank kept, the relative truncation error, opposed LoRAs
+
+    Per module (a layer some LoRA of the stack patches), LoRA i adds ``s_i * up_i @ down_i``, where ``s_i``
+    is its strength (``clip_strength`` on text-encoder modules) x its block weight x ``alpha_i / r_i``, as
+    ComfyUI's LoraLoader applies it. The stack's delta is the sum, held as two factors: the ups side by
+    side (``U``, out x R) and the scaled downs stacked (``D``, R x in), R = the sum of the ranks, so
+    ``U @ D`` is the sum exactly. Truncation never forms it: QR of ``U`` and of ``D^T``, SVD of the small
+    core ``R_u @ R_d^T``, the top singular vectors rotated back (merge/extract.py's ``truncate`` splits the
+    singular values between up and down). LoHa and LoKr join as exact factors too (lora.module_factors);
+    a full ``diff`` module has none: its exact delta (``module_delta``) joins the sum, SVD'd whole. LoCon
+    convolutions are flattened to ``out x in*kh*kw`` and written back as ``up (out, r, 1, 1)``,
+    ``down (r, in, kh, kw)``. Tucker cores and DoRA are refused by module.
+
+    The file is kohya's format (``<module>.lora_up.weight``, ``.lora_down.weight``, ``.alpha`` = rank, so
+    the scale is 1), written to a temporary file and renamed (merge/io.py). Everything that can be checked
+    from the headers (files, families, shapes, the rank, block maps) is checked before a tensor is read.
+    """
     options = options or StackOptions()
     start = time.perf_counter()
     out_path = Path(out_path)

@@ -1,24 +1,5 @@
-"""The ``.mecha`` text format: read sd-mecha's ``version 0.1.0`` files (writing: merge/mecha_write.py).
-
-One instruction per line after the ``version 0.1.0`` header; ``&N`` refers to the N-th
-instruction (0-based, comment lines ``#`` not counted); the last instruction is the result.
-As in sd-mecha, a blank line (a trailing newline too) is an error.
-
-    model "path" [model_config="id"] [merge_space="weight|delta|param"]
-    dict key=value ...                     a map (block names, key globs, default)
-    literal &N|value model_config=... merge_space=...
-    merge "method" &N ... [name=value|&N ...]
-    input "name" [merge_space=...]         Patchbay: an open tensor input (FreeInput)
-    param "name"                           Patchbay: an open scalar parameter (ParamNode)
-
-sd-mecha writes every scalar as three lines (``dict key=v`` / ``literal &N
-model_config="singleton-mecha"`` / ``merge "convert_singleton" &N``); ``parse`` collapses that,
-and the block-map conversions, to one LiteralNode, and reads its LoRA conversion calls
-(``merge "convert_'sd1-kohya_kohya_lora'_to_base" &N`` then ``"convert_'sd1-kohya'_to_'sd1-ldm'"``)
-as the LoRA file in delta space, and the per-model implementations sd-mecha dispatched to
-(``balance_attention_sdxl_sgm``) as the method itself. ``dumps`` (merge/mecha_write.py) writes
-sd-mecha's form or a compact one; ``parse(dumps(r)) == r`` for recipes made by the builders of
-merge/recipe.py (a block map with ``default`` comes back with the default spread over the blocks).
+"""The ``.mecha`` text format: reads sd-mecha's ``version 0.1.0`` files into recipes, so recipes port
+between the two (writing: merge/mecha_write.py).
 """
 
 from __future__ import annotations
@@ -80,7 +61,28 @@ class _Map(dict):
 # ---- reading -------------------------------------------------------------------------------------
 
 def parse(text: str) -> Node:
-    """The recipe a .mecha text describes; ``MechaSyntaxError`` (line, column) when it is malformed."""
+    """The recipe a .mecha text describes; ``MechaSyntaxError`` (line, column) when it is malformed.
+
+    One instruction per line after the ``version 0.1.0`` header; ``&N`` refers to the N-th
+    instruction (0-based, comment lines ``#`` not counted); the last instruction is the result.
+    As in sd-mecha, a blank line (a trailing newline too) is an error.
+
+        model "path" [model_config="id"] [merge_space="weight|delta|param"]
+        dict key=value ...                     a map (block names, key globs, default)
+        literal &N|value model_config=... merge_space=...
+        merge "method" &N ... [name=value|&N ...]
+        input "name" [merge_space=...]         Patchbay: an open tensor input (FreeInput)
+        param "name"                           Patchbay: an open scalar parameter (ParamNode)
+
+    sd-mecha writes every scalar as three lines (``dict key=v`` / ``literal &N
+    model_config="singleton-mecha"`` / ``merge "convert_singleton" &N``); ``parse`` collapses that,
+    and the block-map conversions, to one LiteralNode, and reads its LoRA conversion calls
+    (``merge "convert_'sd1-kohya_kohya_lora'_to_base" &N`` then ``"convert_'sd1-kohya'_to_'sd1-ldm'"``)
+    as the LoRA file in delta space, and the per-model implementations sd-mecha dispatched to
+    (``balance_attention_sdxl_sgm``) as the method itself. ``dumps`` (merge/mecha_write.py) writes
+    sd-mecha's form or a compact one; ``parse(dumps(r)) == r`` for recipes made by the builders of
+    merge/recipe.py (a block map with ``default`` comes back with the default spread over the blocks).
+    """
     lines = [line.removesuffix("\r") for line in text.split("\n")]  # a file saved with CRLF reads the same
     if lines[0] != VERSION:
         raise MechaSyntaxError(1, 1, f"expected the header {VERSION!r}, got {lines[0]!r}", lines[0])

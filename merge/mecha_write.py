@@ -1,6 +1,5 @@
-"""Writing recipes as ``.mecha`` text: the form sd-mecha 1.1.8 reads back, or a compact one.
-
-``dumps`` is re-exported by merge/mecha_text.py, which reads both forms back into the same recipe.
+"""Writing recipes as ``.mecha`` text: the form sd-mecha 1.1.8 reads back, or a compact one (``dumps``,
+re-exported by merge/mecha_text.py, which reads both forms back into the same recipe).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Names every merge module shares: the merge spaces and the one "did you mean" helper.
-
-A leaf (standard library only), so that the recipe graph (merge/graph.py), the registry and the
-block maps (merge/blocks.py) use them without importing each other.
+"""Names every merge module shares: the merge spaces and the one "did you mean" helper. A leaf (standard
+library only), so the recipe graph, the registry and the block maps use them without importing each other.
 """
 
 from __future__ import annotations

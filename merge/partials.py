@@ -1,8 +1,5 @@
-"""Temporary ``.<name>.<pid>-XXXXXXXX.partial`` files of merges that were killed before cleaning up.
-
-The writer (merge/io.py) names its temporary file after the output and its process id; before a
-merge writes ``<name>`` it removes the partials of ``<name>`` whose process is gone (SIGKILL, power
-loss), and keeps those of a merge still running.
+"""Temporary ``.<name>.<pid>-XXXXXXXX.partial`` files of merges killed before cleaning up (SIGKILL, power
+loss): removed before a merge writes ``<name>``, unless their process still runs.
 """
 
 from __future__ import annotations

@@ -1,22 +1,5 @@
-"""The recipe graph: frozen nodes, checked builders, and binding of open inputs and parameters.
-
-A recipe is an immutable DAG of five node kinds::
-
-    ModelNode(path)       a model file (weight space unless told otherwise)
-    LiteralNode(value)    a scalar, or a map block-name / key-glob -> scalar with an optional "default"
-    CallNode(method, args, kwargs)   a registered merge method applied to tensor args and scalar kwargs
-    FreeInput(name)       a tensor input left open, bound later to another recipe
-    ParamNode(name)       a scalar parameter left open, bound later to a value
-
-Python users build recipes with the builders, which check every call against the method's
-signature and fill in defaults (so equal recipes compare equal)::
-
-    from merge.recipe import model, weighted_sum
-    r = weighted_sum(model("a.safetensors"), model("b.safetensors"), alpha=0.3)
-
-Every method in the registry is a builder of this module (``recipe.add_difference(...)``), and
-``call("name", ...)`` reaches them by name. Errors are ``RecipeError``s whose message starts with
-the path through the graph (``weighted_sum.b > add_difference.b``).
+"""The recipe graph's builders: checked calls of registered methods (defaults filled, so equal recipes
+compare equal), walking, and binding of open inputs and parameters.
 """
 
 from __future__ import annotations
@@ -74,6 +57,24 @@ def call(method: str, *args: Any, **kwargs: Any) -> CallNode:
 
     For a method without variadic input, positional values after its tensor inputs fill its
     parameters in order (sd-mecha's calling convention).
+
+    A recipe is an immutable DAG of five node kinds::
+
+        ModelNode(path)       a model file (weight space unless told otherwise)
+        LiteralNode(value)    a scalar, or a map block-name / key-glob -> scalar with an optional "default"
+        CallNode(method, args, kwargs)   a registered merge method applied to tensor args and scalar kwargs
+        FreeInput(name)       a tensor input left open, bound later to another recipe
+        ParamNode(name)       a scalar parameter left open, bound later to a value
+
+    Python users build recipes with the builders, which check every call against the method's
+    signature and fill in defaults (so equal recipes compare equal)::
+
+        from merge.recipe import model, weighted_sum
+        r = weighted_sum(model("a.safetensors"), model("b.safetensors"), alpha=0.3)
+
+    Every method in the registry is a builder of this module (``recipe.add_difference(...)``), and
+    ``call("name", ...)`` reaches them by name. Errors are ``RecipeError``s whose message starts with
+    the path through the graph (``weighted_sum.b > add_difference.b``).
     """
     try:
         spec = registry.get(method)

@@ -1,16 +1,5 @@
-"""A recipe ready to run: compiled, its inputs opened, every output key planned, then streamed or
-evaluated key by key into whatever the caller wants.
-
-``merge/execute.py`` streams a session into a safetensors file; the ComfyUI Merge node streams one into
-a dict and into a model's parameters (nodes/merge_runtime.py); ``evaluate(key)`` gives one key's
-result on its own (a recipe used as a hook asks for "the delta for key K" that way)::
-
-    with MergeSession(recipe, MergeOptions(dtype="fp32")) as session:
-        session.stream(sink)                      # sink.append(key, tensor), from the writer thread
-        delta = session.evaluate("model.diffusion_model.out.2.weight")
-
-Planning happens in the constructor (headers only, nothing written): a recipe that fails to plan
-raises there, with every input closed again.
+"""A recipe ready to run: compiled, its inputs opened, every output key planned, then streamed or evaluated
+key by key into whatever the caller wants (a file, a model's parameters, a hook's delta).
 """
 
 from __future__ import annotations
@@ -29,7 +18,19 @@ from .stream import Evaluator
 
 
 class MergeSession:
-    """See the module docstring. ``plans`` lists every output key; ``report`` collects what happened."""
+    """See the module docstring. ``plans`` lists every output key; ``report`` collects what happened.
+
+    ``merge/execute.py`` streams a session into a safetensors file; the ComfyUI Merge node streams one into
+    a dict and into a model's parameters (nodes/merge_runtime.py); ``evaluate(key)`` gives one key's
+    result on its own (a recipe used as a hook asks for "the delta for key K" that way)::
+
+        with MergeSession(recipe, MergeOptions(dtype="fp32")) as session:
+            session.stream(sink)                      # sink.append(key, tensor), from the writer thread
+            delta = session.evaluate("model.diffusion_model.out.2.weight")
+
+    Planning happens in the constructor (headers only, nothing written): a recipe that fails to plan
+    raises there, with every input closed again.
+    """
 
     def __init__(self, recipe: object, options: MergeOptions | None = None, path: Path | None = None) -> None:
         self.recipe = recipe

@@ -1,18 +1,5 @@
-"""Recipe inputs that are not files: a model already in memory, read one key at a time.
-
-The executor reads every input through one small interface (what ``FileSource`` in merge/steps.py
-and ``LoraSource`` in merge/lora.py also offer)::
-
-    name, space, arch                  a label for messages, the merge space, the architecture
-    keys() / has(key) / info(key)      canonical checkpoint keys, TensorInfo (dtype name, shape)
-    tensor(key) -> torch.Tensor        that key's values (a fresh tensor; any float dtype)
-    fingerprint                        equal fingerprints mean equal contents (merge/cache.py)
-    close()
-
-A ``MemorySource`` gets its keys' infos up front and a ``fetch(key)`` callable for the values, so a
-caller can hand the engine a model that lives elsewhere (ComfyUI's MODEL with its patches applied key
-by key: nodes/merge_runtime.py) without the engine knowing where. A recipe names it by a path that
-``MergeOptions.resolve`` maps to the source.
+"""Recipe inputs that are not files: a model already in memory, read one key at a time, so a caller (the
+ComfyUI nodes) can hand the engine a model without the engine knowing where it lives.
 """
 
 from __future__ import annotations
@@ -36,6 +23,20 @@ class MemorySource:
     """A model held elsewhere: ``infos`` lists its canonical keys, ``fetch(key)`` returns one tensor.
 
     ``fingerprint`` must change whenever the values may have changed (the cache trusts it).
+
+    The executor reads every input through one small interface (what ``FileSource`` in merge/steps.py
+    and ``LoraSource`` in merge/lora.py also offer)::
+
+        name, space, arch                  a label for messages, the merge space, the architecture
+        keys() / has(key) / info(key)      canonical checkpoint keys, TensorInfo (dtype name, shape)
+        tensor(key) -> torch.Tensor        that key's values (a fresh tensor; any float dtype)
+        fingerprint                        equal fingerprints mean equal contents (merge/cache.py)
+        close()
+
+    A ``MemorySource`` gets its keys' infos up front and a ``fetch(key)`` callable for the values, so a
+    caller can hand the engine a model that lives elsewhere (ComfyUI's MODEL with its patches applied key
+    by key: nodes/merge_runtime.py) without the engine knowing where. A recipe names it by a path that
+    ``MergeOptions.resolve`` maps to the source.
     """
 
     def __init__(self, name: str, infos: Mapping[str, TensorInfo], fetch: Callable[[str], torch.Tensor],

@@ -1,16 +1,5 @@
-"""Evaluating a compiled recipe for one key, and the spill file for intermediates over budget.
-
-``Evaluator`` evaluates one key either on whole fp32 tensors or, for trees of elementwise methods, slice by
-slice through small reused fp32 buffers (cache-resident, no page faults, no full-size fp32 copies). With
-``workers`` > 1 a large key's element range is cut into that many spans (at slice boundaries) evaluated side
-by side, the calling thread taking the first: torch releases the GIL inside each operation, so two single-
-threaded workers on a 2-core machine take about 0.6x the time of one (measured on SD1.5's UNet, fp16 in and
-out), where a 2-thread torch pool on 64K-element slices gains nothing. Elementwise methods are pure, so the
-result is the same bit for bit. A param-space call given as a parameter is evaluated like a tensor input, in
-both modes. A method that raises on a key becomes a ``MethodError`` naming the key, the method and its
-parameters. A method that reads other keys (``related=``) gets each input at those keys, read from the
-sources. When the intermediates of one key exceed the memory budget they are spilled to a temporary file
-next to the output and read back just before the method that needs them.
+"""Evaluating a compiled recipe for one key (whole tensors, or slice by slice for elementwise methods),
+and the spill file for intermediates over the memory budget.
 """
 
 from __future__ import annotations
@@ -37,7 +26,21 @@ class MethodError(ValueError):
 
 
 class Evaluator:
-    """Evaluates the compiled recipe for one key at a time (whole tensors or elementwise slices)."""
+    """Evaluates the compiled recipe for one key at a time (whole tensors or elementwise slices).
+
+    It evaluates one key either on whole fp32 tensors or, for trees of elementwise methods, slice by slice
+    through small reused fp32 buffers (cache-resident, no page faults, no full-size fp32 copies). With
+    ``workers`` > 1 a large key's element range is cut into that many spans (at slice boundaries)
+    evaluated side by side, the calling thread taking the first: torch releases the GIL inside each
+    operation, so two single-threaded workers on a 2-core machine take about 0.6x the time of one
+    (measured on SD1.5's UNet, fp16 in and out), where a 2-thread torch pool on 64K-element slices gains
+    nothing. Elementwise methods are pure, so the result is the same bit for bit. A param-space call given
+    as a parameter is evaluated like a tensor input, in both modes. A method that raises on a key becomes
+    a ``MethodError`` naming the key, the method and its parameters. A method that reads other keys
+    (``related=``) gets each input at those keys, read from the sources. When the intermediates of one key
+    exceed the memory budget they are spilled to a temporary file next to the output and read back just
+    before the method that needs them.
+    """
 
     def __init__(self, graph: Graph, shape_policy: str, spill: Spill | None = None, spill_limit: int = 0,
                  sources: list | None = None, cache: Any = None, salt: tuple = (),

@@ -1,7 +1,5 @@
-"""Node registration: every ``nodes/*.py`` ends with a ``NODES`` list; this is the one loop over them.
-
-Each node class names its own ``NODE_ID`` (prefixed ``Patchbay``) and ``DISPLAY_NAME``; the loop gives
-it its ``SEARCH_ALIASES`` from nodes/search_terms.py (the node search's words, kept in one table).
+"""Node registration: every ``nodes/*.py`` ends with a ``NODES`` list; this is the one loop over them,
+giving each class its id, display name and ``SEARCH_ALIASES`` (nodes/search_terms.py).
 """
 
 from __future__ import annotations

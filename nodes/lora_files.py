@@ -1,6 +1,5 @@
-"""LoRA and checkpoint files by name for the hook nodes: lookup in ComfyUI's folders with a did-you-mean.
-
-The one place the hook nodes touch ``folder_paths`` and read files; hooks/ only sees state dicts.
+"""LoRA and checkpoint files by name for the hook nodes: lookup in ComfyUI's folders with a did-you-mean;
+the one place the hook nodes touch ``folder_paths``, so hooks/ only sees state dicts.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""LoRA Stacker: a LORA_STACK made in the graph, in the format other packs' stackers give it.
-
-A LORA_STACK is a list of (LoRA file name, model strength, clip strength) tuples (hooks/lora_stack.py).
-Efficiency Nodes' LoRA Stacker, Comfyroll's CR LoRA Stack and LoRA Manager's Lora Stacker make one; this
-node makes the same list where none of those packs is installed, for LoRA Stack to Hooks, LoRA Hook
-Stack, Merge LoRA Stack or any other pack's LORA_STACK input.
+"""LoRA Stacker: a LORA_STACK made in the graph, in the format other packs' stackers (Efficiency Nodes,
+Comfyroll, LoRA Manager) give it, for where none of those packs is installed.
 """
 
 from __future__ import annotations

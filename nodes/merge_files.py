@@ -1,16 +1,5 @@
-"""Files the merge nodes read and write, all inside ComfyUI's folders.
-
-A recipe names a model as ``<folder>/<name>`` (``checkpoints/a.safetensors``, ``diffusion_models/...``,
-``loras/...``) or, as sd-mecha recipes often do, by its bare name (looked up in checkpoints, then
-diffusion_models, then loras). ``model_file`` turns such a path into a file and refuses, with the fix:
-absolute paths, ``..``, other folders, files that are not safetensors, names ComfyUI does not list,
-and files whose real path (symlinks resolved) lies outside that folder kind's configured folders.
-So a workflow someone shares cannot make the nodes read or write anything else.
-
-Outputs: ``output_file`` (Save: under the output folder) and ``lora_file`` (Extract: the first loras
-folder) take a relative name, refuse ``..``, absolute paths and names whose folder (symlinks resolved)
-leaves that folder, before any folder is made, and pick the name by ``if_exists``.
-Recipes: ``.mecha`` files in the ``recipes`` folder (``models/recipes``, registered here).
+"""Files the merge nodes read and write, all inside ComfyUI's folders, so a workflow someone shares cannot
+make the nodes read or write anything else.
 """
 
 from __future__ import annotations
@@ -66,7 +55,15 @@ def relative_parts(path: str, what: str) -> list[str]:
 
 
 def model_file(path: str) -> Path:
-    """The checked file a recipe's model ``path`` names (see the module docstring)."""
+    """The checked file a recipe's model ``path`` names (see the module docstring).
+
+    A recipe names a model as ``<folder>/<name>`` (``checkpoints/a.safetensors``, ``diffusion_models/...``,
+    ``loras/...``) or, as sd-mecha recipes often do, by its bare name (looked up in checkpoints, then
+    diffusion_models, then loras). Refused, with the fix: absolute paths, ``..``, other folders, files
+    that are not safetensors, names ComfyUI does not list, and files whose real path (symlinks resolved)
+    lies outside that folder kind's configured folders. Outputs (``output_file``, ``lora_file``) are
+    checked the same way before any folder is made.
+    """
     parts = relative_parts(path, "model")
     if parts[0] in FOLDERS and len(parts) > 1:
         return _checked(FOLDERS[parts[0]], "/".join(parts[1:]), path)

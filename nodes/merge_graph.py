@@ -1,13 +1,5 @@
-"""A MODEL from the graph as a recipe input, read key by key with its patches applied.
-
-``graph_model(patcher)`` gives a ``GraphModel``: a recipe ``ModelNode`` whose path is
-``graph:model-<token>`` (one token per patcher object, so an unchanged upstream model keeps its cache
-entries across runs) and which holds the patcher, so the model lives as long as the recipe.
-``graph_source(path)`` is what the merge resolver returns for such a path: a ``MemorySource``
-(merge/sources.py) whose ``fetch(key)`` does for one key what ComfyUI's patcher does when it loads the
-model: the unpatched weight (``get_key_patches`` respects the backups of a model patched in place) in
-fp32, its convert function, then ``comfy.lora.calculate_weight`` over its patches (LoraLoader,
-ModelMergeSimple and friends, nested patches included). The model itself is never written.
+"""A MODEL from the graph as a recipe input, read key by key with its patches applied the way ComfyUI's
+patcher applies them when it loads the model; the model itself is never written.
 """
 
 from __future__ import annotations
@@ -55,7 +47,15 @@ def is_graph_path(path: str) -> bool:
 
 
 def graph_source(path: str) -> MemorySource:
-    """The ``MemorySource`` for a ``graph:model-<token>`` path (see the module docstring)."""
+    """The ``MemorySource`` for a ``graph:model-<token>`` path (see the module docstring).
+
+    ``graph_model(patcher)`` gives a recipe ``ModelNode`` whose path is ``graph:model-<token>`` (one token
+    per patcher object, so an unchanged upstream model keeps its cache entries across runs) and which
+    holds the patcher. For such a path this returns a ``MemorySource`` (merge/sources.py) whose
+    ``fetch(key)`` takes the unpatched weight (``get_key_patches`` respects the backups of a model
+    patched in place) in fp32, its convert function, then ``comfy.lora.calculate_weight`` over its
+    patches (LoraLoader, ModelMergeSimple and friends, nested patches included).
+    """
     patcher = _PATCHERS.get(path.removeprefix(PREFIX))
     if patcher is None:
         raise ValueError(f"recipe input {path!r}: no MODEL of this graph has that name (a recipe text copied "

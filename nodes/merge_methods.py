@@ -1,12 +1,5 @@
-"""One node per merge method, generated from ``merge.registry``.
-
-A method registered with ``@merge_method`` becomes ``PatchbayMethod<Name>`` with no node code: its
-tensor inputs are PATCHBAY_RECIPE sockets (a variadic input gets ``VARIADIC_SLOTS`` sockets, the
-first required, the rest optional), its parameters widgets with the registry's type, default and
-range, and every numeric parameter an optional ``<param>_map`` socket for a block-weight or key-pattern
-map, or a param-space recipe (``train_difference_mask``), which replaces the widget. DESCRIPTION is
-the method's one-line doc; its help page (web/docs/<NodeId>/en.md, devtools/build_merge_docs.py) adds
-the paper.
+"""One node per merge method, generated from ``merge.registry``: a method registered with
+``@merge_method`` becomes ``PatchbayMethod<Name>`` with no node code of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +30,14 @@ def socket_names(method: MergeMethod) -> list[str]:
 
 
 def input_types(method: MergeMethod) -> dict:
-    """ComfyUI's INPUT_TYPES for ``method`` (see the module docstring)."""
+    """ComfyUI's INPUT_TYPES for ``method``.
+
+    Tensor inputs are PATCHBAY_RECIPE sockets (a variadic input gets ``VARIADIC_SLOTS`` sockets, the first
+    required, the rest optional), parameters widgets with the registry's type, default and range, and
+    every numeric parameter an optional ``<param>_map`` socket for a block-weight or key-pattern map, or a
+    param-space recipe (``train_difference_mask``), which replaces the widget. DESCRIPTION is the method's
+    one-line doc; its help page (web/docs/<NodeId>/en.md, devtools/build_merge_docs.py) adds the paper.
+    """
     required: dict[str, tuple] = {}
     optional: dict[str, tuple] = {}
     for spec in method.inputs:

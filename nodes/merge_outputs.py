@@ -1,7 +1,6 @@
-"""Where a recipe goes: Merge (MODEL, CLIP, VAE in the graph, no file), Save Merge (a checkpoint in the
-output folder), Extract LoRA (a LoRA in the loras folder), Merge LoRA Stack (LoRAs into one LoRA in the
-loras folder), and Clear Merge Cache. The work is in nodes/merge_runtime.py; docs/design-merge-nodes.md
-has the data flow."""
+"""Where a recipe goes: Merge (MODEL, CLIP, VAE, no file), Save Merge, Extract LoRA, Merge LoRA Stack,
+and Clear Merge Cache. The work is in nodes/merge_runtime.py; data flow: docs/design-merge-nodes.md.
+"""
 
 from __future__ import annotations
 

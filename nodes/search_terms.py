@@ -1,15 +1,5 @@
-"""The words ComfyUI's node search finds each Patchbay node by, besides its id and display name.
-
-ComfyUI 0.33 sends a V1 node's ``SEARCH_ALIASES`` to the frontend as ``search_aliases`` (server.py
-``node_info``); 0.3.75 sends none. Frontends 1.49.6 and newer match a query against ``name``,
-``display_name`` and ``search_aliases`` (NodeSearchService, Fuse, all words of a query in one of
-them), then rank the matches by ``name`` and ``display_name`` alone: exact, prefix, whole word,
-substring, then usage frequency (core nodes first). An alias therefore makes a node *found* by words
-its name lacks ("lora schedule" finds the keyframe and FLOATS nodes); its rank comes from its display
-name. Frontend 1.32.9 searches ``name`` and ``display_name`` only.
-
-One table for every hand-written node; method nodes (generated from the merge registry) get theirs
-from the method name. ``nodes/__init__.py`` sets ``SEARCH_ALIASES`` in its registration loop.
+"""The words ComfyUI's node search finds each Patchbay node by, besides its id and display name: one
+table for every hand-written node (method nodes get theirs from the method name).
 """
 
 from __future__ import annotations
@@ -68,7 +58,17 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def aliases(node: type) -> list[str]:
-    """The search aliases of one node class (``NODE_ID``; a method node's ``METHOD``)."""
+    """The search aliases of one node class (``NODE_ID``; a method node's ``METHOD``).
+
+    ComfyUI 0.33 sends a V1 node's ``SEARCH_ALIASES`` to the frontend as ``search_aliases`` (server.py
+    ``node_info``); 0.3.75 sends none. Frontends 1.49.6 and newer match a query against ``name``,
+    ``display_name`` and ``search_aliases`` (NodeSearchService, Fuse, all words of a query in one of
+    them), then rank the matches by ``name`` and ``display_name`` alone: exact, prefix, whole word,
+    substring, then usage frequency (core nodes first). An alias therefore makes a node *found* by words
+    its name lacks ("lora schedule" finds the keyframe and FLOATS nodes); its rank comes from its display
+    name. Frontend 1.32.9 searches ``name`` and ``display_name`` only. ``nodes/__init__.py`` sets
+    ``SEARCH_ALIASES`` from this in its registration loop.
+    """
     method = getattr(node, "METHOD", "")
     if method:
         words = method.replace("_", " ")

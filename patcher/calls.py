@@ -1,10 +1,5 @@
-"""Core's arguments by name: a wrapper or an override that needs one argument of a call ComfyUI makes
-finds its position in the signature of the function ComfyUI is calling (``executor.original``, the
-super method), read at run time, so no position is written here and a new ComfyUI that inserts a
-parameter moves nothing.
-
-Pure: stdlib ``inspect`` only. Signatures are read once per function (a bound method by its function,
-so no model is kept alive by the cache).
+"""Core's arguments by name, read from the signature of the function ComfyUI is calling, so no argument
+position is written in the pack and a new ComfyUI that inserts a parameter moves nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +22,11 @@ def _positions(function: Callable, bound: bool) -> dict[str, int]:
 
 def position(function: Callable, name: str) -> int | None:
     """Where ``function`` (plain or bound: ``self`` not counted) takes ``name`` positionally, or None
-    when it takes it only by keyword (or not at all)."""
+    when it takes it only by keyword (or not at all).
+
+    Pure: stdlib ``inspect`` only. Signatures are read once per function (a bound method by its function,
+    so no model is kept alive by the cache).
+    """
     inner = getattr(function, "__func__", None)
     positions = _positions(inner, True) if inner is not None else _positions(function, False)
     return positions.get(name)

@@ -1,8 +1,5 @@
-"""The pack's pictures share one look: a dark palette, Pillow's scalable default font, text fitted to a
-width, a viridis strength ramp, a labelled grid of images, and the hand-over to ComfyUI's IMAGE tensor.
-
-Used by the trace timeline (patcher/trace_plot.py), the schedule preview and region diagram
-(hooks/preview_plot.py, hooks/regions.py) and the Merge Grid. Pillow only (ComfyUI ships it).
+"""The pack's pictures share one look (the trace timeline, the schedule preview, the region diagram, the
+Merge Grid): palette, font, fitted text, strength ramp, labelled grid and the hand-over to an IMAGE.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Typed errors of Patchbay's patcher API; each message names the offending value and the fix.
-
-Pure: imports nothing from ComfyUI, so node code and T0 tests can catch them without ComfyUI.
+"""Typed errors of Patchbay's patcher API; each message names the offending value and the fix. Imports
+nothing from ComfyUI, so node code and T0 tests can catch them without it.
 """
 
 from __future__ import annotations

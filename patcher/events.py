@@ -1,20 +1,6 @@
-"""Sampler step events on any ModelPatcher, built only from core's wrappers and callbacks.
-
-Data flow (per sampler run)::
-
-    SAMPLER_SAMPLE wrapper "patchbay.events" (innermost)
-      - locates the run in the full sigma schedule (patcher/schedule.py)  -> sampler_start
-      - passes the sampler its own per-step callback (core's 4th argument) -> step_end
-      - puts the run into the run's transformer_options["patchbay.run"]
-    PREDICT_NOISE wrapper "patchbay.events" (every model evaluation and its sigma)
-      -> step_start (first evaluation of a step), evaluation (after each one)
-    sampler returns -> steps never reported end (patcher/steps.py) -> sampler_end
-
-Events carry the global step: for a split run (KSamplerAdvanced 10-20 of 20, SplitSigmas) the run's
-sigmas are found in the full schedule, so steps read 10..19 of 20 (patcher/steps.py::locate_run has
-the rule and its limits). Listeners are ``fn(event: StepEvent)``; their exceptions propagate
-unchanged (core's cleanup still restores the model). The wrappers are installed while a listener
-exists and removed with the last one; listeners live in the "patchbay" attachment, so clones keep them.
+"""Sampler step events (sampler_start, step_start, evaluation, step_end, sampler_end) on any ModelPatcher,
+built only from core's wrappers and callbacks, with the global step of a split run. Data flow:
+docs/architecture.md; API: docs/node-authors.md.
 """
 
 from __future__ import annotations
@@ -162,6 +148,10 @@ def add_event_listener(model: ModelPatcher, event: str, key: str, fn: Callable[[
     Keyed like the registry (``patchbay.<key>`` unless namespaced): the same ``fn`` again is a no-op,
     a different one raises DuplicateKeyError unless ``replace=True`` (see ``set_event_listener``).
     Changes ``model`` in place: call it on a clone you own.
+
+    Listeners are ``fn(event: StepEvent)``; their exceptions propagate unchanged (core's cleanup still
+    restores the model). The wrappers are installed while a listener exists and removed with the last one;
+    listeners live in the "patchbay" attachment, so clones keep them.
     """
     model = require_model(model)
     name = _resolve_event(event)

@@ -1,30 +1,6 @@
-"""Patchbay's ModelPatcher subclass: core's patcher plus one attachment holding our state.
-
-Data flow::
-
-    MODEL (any ModelPatcher, also another pack's subclass)
-      --upgrade()--> a fresh clone whose class mixes PatchbayPatcherMixin into the input's class
-                     (the input is never changed); attachments["patchbay"] = PatchbayState
-    clone(*args, **kwargs)  -> core's clone (it builds ``self.__class__``, so our class survives; a
-                               base class whose clone forces its own class, ComfyUI-GGUF's, gets ours
-                               mixed in again); core copies the attachment through
-                               PatchbayState.on_model_patcher_clone
-    register_all_hook_patches -> each hook claimer in PatchbayState.claimers (set_hook_claimer: the
-                               keyed slot where, say, a forward-pass engine registers itself) takes
-                               the WeightHooks it runs; only the rest reach core's registration
-    get_non_dynamic_delegate (ComfyUI with dynamic VRAM: CFGGuider swaps a dynamic patcher whose conds
-                               carry hooks for a plain ModelPatcher reloaded from disk) -> the patcher
-                               itself while its claimers run the hooks (they write no weights, so
-                               need no delegate); otherwise core's delegate, upgraded to our class,
-                               with the attachment (claimers included) and wrappers carried over
-    load(...) (and every other weight operation: partially_unload, add_patches, add_hook_patches,
-    patch_hooks)            -> core's method, with the state's full_load applied and, for
-                               weight_patch_first, the object patches lifted off the model meanwhile
-                               (see patcher/patch_order.py). Core's patch_model() and partially_load()
-                               both reach load(), so one hook covers every path that loads weights.
-
-The subclass stays minimal and forward compatible: no constructor of its own, ``clone`` passes every
-argument to ``super()``, and only our own attachment is copied.
+"""Patchbay's ModelPatcher subclass: core's patcher plus one attachment holding our state, a keyed slot for
+hook claimers, and the patch order around weight work. It stays minimal and forward compatible: no
+constructor of its own, ``clone`` passes every argument to ``super()``. Data flow: docs/architecture.md.
 """
 
 from __future__ import annotations

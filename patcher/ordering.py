@@ -1,13 +1,5 @@
-"""Pure logic of Patchbay's registries: key namespaces, priority order and "did you mean".
-
-ComfyUI keeps wrappers and callbacks in one dict shape, ``{type: {key: [fn, ...]}}``, and runs them
-in insertion order (the first key is the outermost wrapper, the first callback called). Patchbay
-adds an integer priority per key and re-orders that same dict (never a copy that runs elsewhere):
-
-- higher priority runs first (outermost wrapper); equal priorities keep insertion order;
-- keys Patchbay did not register (other packs', core's ``None`` key) have priority 0.
-
-Nothing here imports ComfyUI, so the rules are unit-tested in T0.
+"""Pure logic of Patchbay's registries: key namespaces, priority order and "did you mean", unit-tested
+without ComfyUI.
 """
 
 from __future__ import annotations
@@ -60,7 +52,14 @@ def ordered_keys(keys: Iterable[K], priority: Callable[[K], int]) -> list[K]:
 
 
 def reorder_in_place(mapping: MutableMapping[K, Any], priority: Callable[[K], int]) -> bool:
-    """Re-insert ``mapping``'s items in priority order, keeping the dict object; True if it changed."""
+    """Re-insert ``mapping``'s items in priority order, keeping the dict object; True if it changed.
+
+    ComfyUI keeps wrappers and callbacks in one dict shape, ``{type: {key: [fn, ...]}}``, and runs them
+    in insertion order (the first key is the outermost wrapper, the first callback called). Patchbay
+    adds an integer priority per key and re-orders that same dict (never a copy that runs elsewhere):
+    higher priority runs first (outermost wrapper); equal priorities keep insertion order; keys Patchbay
+    did not register (other packs', core's ``None`` key) have priority 0.
+    """
     current = list(mapping)
     wanted = ordered_keys(current, priority)
     if wanted == current:

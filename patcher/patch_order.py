@@ -1,17 +1,6 @@
-"""Patch order: do weight patches (LoRAs) see the model's own modules, or the object patches over them?
-
-Why: an object patch replaces a part of the model, e.g. ``model.add_object_patch("diffusion_model",
-torch.compile(...))``. ComfyUI (0.3.75) installs object patches first and then walks the module tree
-by name to patch weights: under a compiled module every name gains ``_orig_mod.``, no LoRA key
-matches, and the LoRA is skipped without a word. KJNodes' PatchModelPatcherOrder fixed this by
-replacing ``ModelPatcher.patch_model`` for every model in the process; here it is a per-model setting
-that Patchbay's patcher reads (patcher/model_patcher.py).
-
-    PatchOrder(patch_order, full_load)    the two options, validated once (PatchOrderError otherwise)
-    resolve_full_load(mode, core_choice)  the ``full_load`` that core's ``load()`` is given
-    lifted_object_patches(root, backup)   the model's own modules back in place around a weight operation
-
-Pure: standard library, torch and patcher/ordering.py only.
+"""Patch order: whether weight patches (LoRAs) see the model's own modules or the object patches over them
+(a ``torch.compile``d diffusion_model hides every key from a LoRA), as a per-model setting instead of
+a process-wide patch of ``ModelPatcher``. User guide: docs/patch-order.md.
 """
 
 from __future__ import annotations
@@ -54,6 +43,12 @@ class PatchOrder:
         patched into the model's own modules; object patches such as compiled modules wrap them).
     full_load: ``auto`` (ComfyUI decides), ``enabled`` (always load every layer, ignoring the VRAM
         budget) or ``disabled`` (never force it: layers beyond the budget stay in RAM and are streamed).
+
+    Why: ComfyUI (0.3.75) installs object patches first and then walks the module tree by name to patch
+    weights; under a compiled module every name gains ``_orig_mod.``, no LoRA key matches, and the LoRA
+    is skipped without a word. KJNodes' PatchModelPatcherOrder fixed this by replacing
+    ``ModelPatcher.patch_model`` for every model in the process; Patchbay's patcher reads this setting
+    (patcher/model_patcher.py).
     """
 
     patch_order: str = "object_patch_first"

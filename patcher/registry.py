@@ -1,24 +1,5 @@
-"""Wrappers and callbacks by name on any ModelPatcher: keyed, prioritised, checked, inspectable.
-
-Everything is stored where ComfyUI keeps it, so other packs see ours and we see theirs::
-
-    add_wrapper(model, "predict_noise", "blur", fn, priority=10)
-      -> model.wrappers["predict_noise"]["patchbay.blur"] = [fn]   (core's own dict, re-ordered)
-      -> attachment "patchbay": PatchbayState.registry.priorities[
-             ("wrapper", "predict_noise", "patchbay.blur")] = 10
-
-- Types: the values of comfy.patcher_extension.WrappersMP / CallbacksMP ("predict_noise") or their
-  attribute names ("PREDICT_NOISE"); anything else raises with a "did you mean".
-- Keys: ``patchbay.<name>``, or the caller's own namespaced key (``mypack.name``); ``verbatim=True``
-  addresses any key as given (another pack's ``"ADE"``).
-- Order: higher priority runs first (outermost wrapper); ties keep insertion order; other packs' keys
-  count as 0. Wrappers other packs put into ``model_options["transformer_options"]`` always run
-  outside the patcher's own (core merges them first); ``registrations`` reports that effective order.
-- ``add_*`` is idempotent for the same function and refuses a different one; ``set_*`` replaces
-  (remove by key, then add); ``remove_*`` removes every function under the key.
-
-These functions change ``model`` in place, like core's ``add_wrapper_with_key``: call them on a
-clone you own (``upgrade(model)`` returns one).
+"""Wrappers and callbacks by name on any ModelPatcher: keyed, prioritised, checked, inspectable, and
+stored in core's own dict so other packs see ours and we see theirs. API: docs/node-authors.md.
 """
 
 from __future__ import annotations
@@ -172,7 +153,28 @@ def _add(model: ModelPatcher, kind: str, type_name: str, key: str, fn: Callable,
 
 def add_wrapper(model: ModelPatcher, wrapper_type: str, key: str, fn: Callable, *, priority: int = 0,
                 verbatim: bool = False) -> Registration:
-    """Register ``fn(executor, *args, **kwargs)`` as a wrapper; idempotent for the same ``fn``."""
+    """Register ``fn(executor, *args, **kwargs)`` as a wrapper; idempotent for the same ``fn``.
+
+    Everything is stored where ComfyUI keeps it, so other packs see ours and we see theirs::
+
+        add_wrapper(model, "predict_noise", "blur", fn, priority=10)
+          -> model.wrappers["predict_noise"]["patchbay.blur"] = [fn]   (core's own dict, re-ordered)
+          -> attachment "patchbay": PatchbayState.registry.priorities[
+                 ("wrapper", "predict_noise", "patchbay.blur")] = 10
+
+    - Types: the values of comfy.patcher_extension.WrappersMP / CallbacksMP ("predict_noise") or their
+      attribute names ("PREDICT_NOISE"); anything else raises with a "did you mean".
+    - Keys: ``patchbay.<name>``, or the caller's own namespaced key (``mypack.name``); ``verbatim=True``
+      addresses any key as given (another pack's ``"ADE"``).
+    - Order: higher priority runs first (outermost wrapper); ties keep insertion order; other packs' keys
+      count as 0. Wrappers other packs put into ``model_options["transformer_options"]`` always run
+      outside the patcher's own (core merges them first); ``registrations`` reports that effective order.
+    - ``add_*`` is idempotent for the same function and refuses a different one; ``set_*`` replaces
+      (remove by key, then add); ``remove_*`` removes every function under the key.
+
+    These functions change ``model`` in place, like core's ``add_wrapper_with_key``: call them on a
+    clone you own (``upgrade(model)`` returns one).
+    """
     return _add(model, WRAPPER, wrapper_type, key, fn, priority=priority, replace=False, verbatim=verbatim)
 
 

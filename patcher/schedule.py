@@ -1,14 +1,5 @@
-"""Candidate full sigma schedules for a run, built with ComfyUI's own schedulers.
-
-core passes a run only its own slice of sigmas (``transformer_options["sample_sigmas"]`` is that
-slice too), so the global step of a split run is recovered here: every scheduler in
-``comfy.samplers.SCHEDULER_NAMES`` is asked for its schedule at the run's model sampling, for totals
-from the run's own step count up to ``max_total_steps(n)``, and the first one holding the run as a
-contiguous slice wins (patcher/steps.py::locate_run has the rule and its limits). sgm_uniform with N
-steps and normal with N + 1 share all sigmas but the last: a run that stops before the end is read as
-normal's (KSampler's default), one that reaches the end is unambiguous. KSampler's variant
-for dpm_2, dpm_2_ancestral, uni_pc and uni_pc_bh2 (one extra step, penultimate sigma dropped) is tried
-for those samplers.
+"""Candidate full sigma schedules for a run, built with ComfyUI's own schedulers: core passes a run only
+its own slice of sigmas, so the global step of a split run is recovered from these.
 """
 
 from __future__ import annotations
@@ -99,6 +90,16 @@ def locate(model_sampling: Any, run_sigmas: Sequence[float], sampler: object = N
     """Where the run with ``run_sigmas`` sits in a schedule of ``model_sampling`` (see module doc).
 
     Results are memoised per model-sampling curve, sigmas and sampler variant (``clear_cache``).
+
+    core passes a run only its own slice of sigmas (``transformer_options["sample_sigmas"]`` is that
+    slice too), so the global step of a split run is recovered here: every scheduler in
+    ``comfy.samplers.SCHEDULER_NAMES`` is asked for its schedule at the run's model sampling, for totals
+    from the run's own step count up to ``max_total_steps(n)``, and the first one holding the run as a
+    contiguous slice wins (patcher/steps.py::locate_run has the rule and its limits). sgm_uniform with N
+    steps and normal with N + 1 share all sigmas but the last: a run that stops before the end is read as
+    normal's (KSampler's default), one that reaches the end is unambiguous. KSampler's variant
+    for dpm_2, dpm_2_ancestral, uni_pc and uni_pc_bh2 (one extra step, penultimate sigma dropped) is tried
+    for those samplers.
     """
     run = tuple(float(s) for s in run_sigmas)
     if len(run) < 2 or model_sampling is None:

@@ -1,11 +1,5 @@
-"""What ComfyUI passes to each wrapper and callback type, and the check made at registration.
-
-A wrapper receives the executor and then the arguments of the function it wraps; a callback receives
-the patcher and a few values. The shapes below are ComfyUI 0.3.75's (comfy/samplers.py,
-comfy/sampler_helpers.py, comfy/model_base.py, comfy/model_patcher.py). Newer ComfyUI passes more
-keyword arguments to some of them, so ``(executor, *args, **kwargs)`` is the portable way to write one.
-
-Pure: stdlib ``inspect`` only; a type ComfyUI has but this table lacks is only checked to be callable.
+"""What ComfyUI passes to each wrapper and callback type, and the check made at registration, so a wrong
+signature fails when it is registered rather than mid-sampling.
 """
 
 from __future__ import annotations
@@ -96,6 +90,13 @@ def check_signature(fn: object, shape: CallShape | None, *, what: str, leading: 
 
     ``what`` names the registration in the message ("wrapper 'predict_noise'"); ``leading`` are the
     arguments before the call site's own (``("executor",)`` for wrappers).
+
+    A wrapper receives the executor and then the arguments of the function it wraps; a callback receives
+    the patcher and a few values. The shapes below are ComfyUI 0.3.75's (comfy/samplers.py,
+    comfy/sampler_helpers.py, comfy/model_base.py, comfy/model_patcher.py). Newer ComfyUI passes more
+    keyword arguments to some of them, so ``(executor, *args, **kwargs)`` is the portable way to write one.
+
+    Pure: stdlib ``inspect`` only; a type ComfyUI has but this table lacks is only checked to be callable.
     """
     name = getattr(fn, "__qualname__", None) or repr(fn)
     if not callable(fn):

@@ -1,15 +1,5 @@
-"""Patchbay's per-patcher state on any ModelPatcher, also plain ones that were never upgraded.
-
-Data flow::
-
-    any ModelPatcher --patchbay_state(model)--> attachments["patchbay"]: PatchbayState (made on first use)
-    core's clone() --PatchbayState.on_model_patcher_clone--> the clone's own state, field by field,
-                   each by the clone policy written next to the field
-    require_model(x) -> x, or NotAModelError naming what to connect (the one "is this a MODEL" check)
-
-The fields belong to the other modules of the package: ``order`` to patch_order.py (read by
-model_patcher.py), ``registry`` to registry.py, ``events`` to events.py, ``claimers`` to whoever claims
-weight hooks at registration (the hook engine, hooks/enable.py, through ``set_hook_claimer``).
+"""Patchbay's per-patcher state (attachments["patchbay"]) on any ModelPatcher, also plain ones never
+upgraded; each field has its clone policy next to it, and the fields belong to the package's modules.
 """
 
 from __future__ import annotations
@@ -36,7 +26,19 @@ ATTACHMENT_KEY = "patchbay"
 
 @dataclass
 class PatchbayState:
-    """Everything Patchbay keeps per patcher; a clone gets what each field's policy says."""
+    """Everything Patchbay keeps per patcher; a clone gets what each field's policy says.
+
+    Data flow::
+
+        any ModelPatcher --patchbay_state(model)--> attachments["patchbay"]: PatchbayState (made on first use)
+        core's clone() --PatchbayState.on_model_patcher_clone--> the clone's own state, field by field,
+                       each by the clone policy written next to the field
+        require_model(x) -> x, or NotAModelError naming what to connect (the one "is this a MODEL" check)
+
+    The fields belong to the other modules of the package: ``order`` to patch_order.py (read by
+    model_patcher.py), ``registry`` to registry.py, ``events`` to events.py, ``claimers`` to whoever claims
+    weight hooks at registration (the hook engine, hooks/enable.py, through ``set_hook_claimer``).
+    """
 
     order: PatchOrder = PatchOrder()
     """clone: the same value (immutable, validated when it is made)."""

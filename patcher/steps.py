@@ -1,27 +1,5 @@
-"""Pure step bookkeeping behind patcher/events.py: which step a sampler is in, and where a run sits
-in the full sigma schedule.
-
-**Steps of one run.** A run samples ``n = len(sigmas) - 1`` steps; step ``i`` covers the sigma
-interval ``(sigmas[i + 1], sigmas[i]]``. A model evaluation at sigma ``s`` belongs to the step whose
-interval holds ``s``, never to an earlier step than the current one. k-diffusion samplers call their
-per-step callback with ``i`` right after the *first* evaluation of step ``i`` and evaluate the rest of
-the step afterwards (heun's corrector at ``sigmas[i + 1]``, dpmpp_sde's midpoint, heunpp2's look
-ahead to ``sigmas[i + 2]``), so in ``"callback"`` mode (every schedule-following sampler):
-
-- an evaluation may move at most one step past the last step the callback reported;
-- callback ``i`` means step ``i`` has begun (earlier steps end, step ``i`` starts if it had not).
-
-So step ``i`` starts right before the first evaluation inside its interval and ends right before
-the first evaluation of a later step (or when the sampler returns). An evaluation exactly at
-``sigmas[i + 1]`` (heun's corrector) counts for step ``i + 1``: hooks see that sigma as step
-``i + 1`` too. In ``"sigma"`` mode (dpm_fast, dpm_adaptive: they use only the first and last sigma,
-pick their own points and number their callbacks on their own grid) callbacks are ignored and the
-interval rule alone applies. Steps never reached start and end when the sampler returns, so every
-run emits ``step_start``/``step_end`` exactly once per step, in order.
-
-**Global position.** A split run (KSamplerAdvanced start/end step, SplitSigmas, denoise < 1) sees
-only a slice of the schedule. ``locate_run`` finds the run's sigmas as a contiguous slice of a
-candidate full schedule (shortest first); see ``locate_run`` for the rule and its limits.
+"""Pure step bookkeeping behind patcher/events.py: which step a sampler is in, and where a run sits in
+the full sigma schedule.
 """
 
 from __future__ import annotations
@@ -55,7 +33,30 @@ class Emission:
 
 
 class StepTracker:
-    """Turns model evaluations and sampler callbacks into ordered step_start/step_end emissions."""
+    """Turns model evaluations and sampler callbacks into ordered step_start/step_end emissions.
+
+    **Steps of one run.** A run samples ``n = len(sigmas) - 1`` steps; step ``i`` covers the sigma
+    interval ``(sigmas[i + 1], sigmas[i]]``. A model evaluation at sigma ``s`` belongs to the step whose
+    interval holds ``s``, never to an earlier step than the current one. k-diffusion samplers call their
+    per-step callback with ``i`` right after the *first* evaluation of step ``i`` and evaluate the rest of
+    the step afterwards (heun's corrector at ``sigmas[i + 1]``, dpmpp_sde's midpoint, heunpp2's look
+    ahead to ``sigmas[i + 2]``), so in ``"callback"`` mode (every schedule-following sampler):
+
+    - an evaluation may move at most one step past the last step the callback reported;
+    - callback ``i`` means step ``i`` has begun (earlier steps end, step ``i`` starts if it had not).
+
+    So step ``i`` starts right before the first evaluation inside its interval and ends right before
+    the first evaluation of a later step (or when the sampler returns). An evaluation exactly at
+    ``sigmas[i + 1]`` (heun's corrector) counts for step ``i + 1``: hooks see that sigma as step
+    ``i + 1`` too. In ``"sigma"`` mode (dpm_fast, dpm_adaptive: they use only the first and last sigma,
+    pick their own points and number their callbacks on their own grid) callbacks are ignored and the
+    interval rule alone applies. Steps never reached start and end when the sampler returns, so every
+    run emits ``step_start``/``step_end`` exactly once per step, in order.
+
+    **Global position.** A split run (KSamplerAdvanced start/end step, SplitSigmas, denoise < 1) sees
+    only a slice of the schedule. ``locate_run`` finds the run's sigmas as a contiguous slice of a
+    candidate full schedule (shortest first); see ``locate_run`` for the rule and its limits.
+    """
 
     def __init__(self, sigmas: Sequence[float], mode: str = CALLBACK_MODE) -> None:
         if mode not in (CALLBACK_MODE, SIGMA_MODE):

@@ -1,25 +1,5 @@
-"""What was applied when: the trace of one sampling run, for DEBUG logs and the timeline node.
-
-Data flow::
-
-    enable_trace(model)  -> a TraceListener on every step event of ``model`` (patcher/events.py),
-                            kept in the "patchbay" attachment; clones share the same listener
-    each step (at its first model evaluation) -> TraceRecorder.record(...) rows:
-        hook      core hooks on the conds (comfy.hooks HookGroup: WeightHook, TransformerOptionsHook,
-                  ...), strength = the hook's current keyframe strength
-        patch     weight patches (model.patches: key count, strengths) and object patches by name
-        wrapper   wrappers / callbacks registered for the run (its model_options), by type and key
-        callback
-        event     sampler_start, step_start, step_end, sampler_end
-    sampler_end -> TraceRecorder.finish() -> Trace (frozen) --last_trace(model)--> nodes
-                   (timeline IMAGE + STRING report, patcher/trace_plot.py)
-
-Every row is also logged at DEBUG on the ``patchbay.trace`` logger. ``last_trace`` answers for the
-model given to ``enable_trace`` and for every clone made of it afterwards (they share one listener),
-so a node downstream of the sampler that receives the same MODEL reads the run that just finished.
-
-This module imports ComfyUI-dependent modules only inside the functions that take a model, so the
-data types and the recorder work without ComfyUI (T0 tests, trace_plot).
+"""What was applied when: the trace of one sampling run (hooks and strengths, patches, wrappers, events
+per step), for DEBUG logs and the Trace node. Data flow: docs/architecture.md; API: docs/node-authors.md.
 """
 
 from __future__ import annotations
@@ -212,6 +192,12 @@ def enable_trace(model: ModelPatcher, *, logger: logging.Logger = LOGGER) -> Mod
 
     Changes ``model`` in place and returns it: call it on a clone you own (``upgrade(model)``).
     Idempotent: a model already traced keeps its listener and its last trace.
+
+    Every row is also logged at DEBUG on the ``patchbay.trace`` logger. ``last_trace`` answers for the
+    model given to ``enable_trace`` and for every clone made of it afterwards (they share one listener),
+    so a node downstream of the sampler that receives the same MODEL reads the run that just finished.
+    ComfyUI-dependent modules are imported only inside the functions that take a model, so the data
+    types and the recorder work without ComfyUI (T0 tests, trace_plot).
     """
     from .events import EVENTS, add_event_listener
 

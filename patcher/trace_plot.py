@@ -1,11 +1,5 @@
-"""The trace of one sampling run as a timeline picture and a plain-text report (for the timeline node).
-
-    Trace --lanes()--> one Lane per (kind, name): the strength it ran with at each step
-          --timeline_image()--> PIL image: steps across, one row per lane, bar height and colour = strength
-          --to_comfy_image()--> ComfyUI IMAGE tensor [1, H, W, 3], float in 0..1
-          --report()--> text: one line per lane, then one line per step
-
-Drawn with Pillow (ComfyUI ships it); no plotting library needed.
+"""The trace of one sampling run as a timeline picture and a plain-text report, for the Trace node: steps
+across, one row per lane, bar height and colour = strength. Pillow only.
 """
 
 from __future__ import annotations

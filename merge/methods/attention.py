@@ -1,16 +1,5 @@
-"""balance_attention: rescale each attention head's q/k and v/o pairs to equal energy, same function.
-
-For one head, the logits depend on q and k only through ``q^T k`` and the output on v and o only
-through ``o v``. With ``s`` symmetric positive definite per head, ``q' = s q`` and ``k' = s^-1 k`` give
-``q'^T k' = q^T k`` (likewise ``v' = s v``, ``o' = o s^-1``): the model computes the same thing, but
-its two factors carry comparable energy, which makes later merges of such models better behaved.
-``s = A^-1/2 (A^1/2 B A^1/2)^1/2 A^-1/2`` with ``A = q q^T``, ``B = k k^T`` (biases folded into q, k
-and v as one more input column) is sd-mecha 1.1.8's choice (it solves ``s A s = B``).
-
-``s`` must stay inside a head, so the head size matters: 64 channels in SDXL and SD 2.x UNets, CLIP-L,
-OpenCLIP and the VAE (whose mid attention is one head: any block size keeps its function); SD 1.x
-UNets have 8 heads per layer. sd-mecha implements SDXL (``sdxl-sgm``); SD 1.x and 2.x follow from
-the same layouts. Keys outside attention pass through; other families are refused.
+"""balance_attention: rescale each attention head's q/k and v/o pairs to equal energy, same function, so
+later merges of such models are better behaved (sd-mecha 1.1.8).
 """
 
 from __future__ import annotations
@@ -78,7 +67,20 @@ def _attention_keys(key: str, arch: str, keys: frozenset[str]) -> tuple[str, ...
 
 @builtin_method(paper=SD_MECHA, related=_attention_keys)
 def balance_attention(a: WeightGroup, *, ctx: KeyContext) -> Weight:
-    """Rescale every attention head's q/k and v/o to equal energy; the model's output stays the same."""
+    """Rescale every attention head's q/k and v/o to equal energy; the model's output stays the same.
+
+    For one head, the logits depend on q and k only through ``q^T k`` and the output on v and o only
+    through ``o v``. With ``s`` symmetric positive definite per head, ``q' = s q`` and ``k' = s^-1 k`` give
+    ``q'^T k' = q^T k`` (likewise ``v' = s v``, ``o' = o s^-1``): the model computes the same thing, but
+    its two factors carry comparable energy, which makes later merges of such models better behaved.
+    ``s = A^-1/2 (A^1/2 B A^1/2)^1/2 A^-1/2`` with ``A = q q^T``, ``B = k k^T`` (biases folded into q, k
+    and v as one more input column) is sd-mecha 1.1.8's choice (it solves ``s A s = B``).
+
+    ``s`` must stay inside a head, so the head size matters: 64 channels in SDXL and SD 2.x UNets, CLIP-L,
+    OpenCLIP and the VAE (whose mid attention is one head: any block size keeps its function); SD 1.x
+    UNets have 8 heads per layer. sd-mecha implements SDXL (``sdxl-sgm``); SD 1.x and 2.x follow from
+    the same layouts. Keys outside attention pass through; other families are refused.
+    """
     if ctx.arch not in FAMILIES:
         raise ValueError(f"balance_attention knows the attention layouts of {', '.join(FAMILIES)}, not of "
                          f"{ctx.arch!r}; leave it out of this recipe")

@@ -1,11 +1,5 @@
-"""exchange_ema: the EMA copy of an LDM checkpoint's UNet in place of its trained weights, and back.
-
-SD 1.x and 2.x checkpoints trained with EMA keep a copy of every UNet weight under ``model_ema.`` +
-the key without ``model.`` and without dots (``model.diffusion_model.out.2.weight`` ->
-``model_ema.diffusion_modelout2weight``). The method swaps each such pair: a key whose copy exists takes
-the copy's values and the copy takes the key's; every other key (text encoder, VAE, ``model_ema.decay``,
-a checkpoint without EMA) passes through. sd-mecha defines it for ``sd1-ldm`` only; the names are the
-same in SD 2.x. Other families name no EMA keys, and are refused.
+"""exchange_ema: the EMA copy of an LDM checkpoint's UNet in place of its trained weights, and back
+(sd-mecha 1.1.8, SD 1.x and 2.x).
 """
 
 from __future__ import annotations
@@ -44,7 +38,15 @@ def _partner(key: str, arch: str, keys: frozenset[str]) -> tuple[str, ...]:
 
 @builtin_method(paper=SD_MECHA, related=_partner)
 def exchange_ema(model: AnyGroup, *, ctx: KeyContext) -> AnySpace:
-    """Swap each UNet weight with its EMA copy (model_ema.*) in SD 1.x / 2.x checkpoints."""
+    """Swap each UNet weight with its EMA copy (model_ema.*) in SD 1.x / 2.x checkpoints.
+
+    SD 1.x and 2.x checkpoints trained with EMA keep a copy of every UNet weight under ``model_ema.`` +
+    the key without ``model.`` and without dots (``model.diffusion_model.out.2.weight`` ->
+    ``model_ema.diffusion_modelout2weight``). The method swaps each such pair: a key whose copy exists takes
+    the copy's values and the copy takes the key's; every other key (text encoder, VAE, ``model_ema.decay``,
+    a checkpoint without EMA) passes through. sd-mecha defines it for ``sd1-ldm`` only; the names are the
+    same in SD 2.x. Other families name no EMA keys, and are refused.
+    """
     if ctx.arch not in EMA_FAMILIES:
         raise ValueError(f"exchange_ema knows the EMA keys (model_ema.*) of {' and '.join(EMA_FAMILIES)} "
                          f"checkpoints, not of {ctx.arch!r}; leave it out of this recipe")

@@ -1,9 +1,5 @@
-"""truncate_kronecker: the best single Kronecker product w1 (x) w2 approximating a delta (sd-mecha 1.1.8).
-
-A LoKr holds a delta as ``kron(w1, w2)``; the nearest such product to a matrix is the leading singular
-pair of its Van Loan-Pitsianis rearrangement (each (m2 x n2) block of the delta becomes one row), so a
-delta truncated here is what a rank-1 LoKr of those factor shapes can carry. ``kronecker_ratio`` picks
-the factor shapes: 0 makes w1 as small as the divisors allow, 1 as large, 0.5 balanced.
+"""truncate_kronecker: the best single Kronecker product w1 (x) w2 approximating a delta (sd-mecha 1.1.8),
+what a rank-1 LoKr of those factor shapes can carry.
 """
 
 from __future__ import annotations
@@ -24,7 +20,13 @@ VAN_LOAN = "https://doi.org/10.1007/978-94-015-8196-7_17"
 def truncate_kronecker(a: Delta, *, kronecker_ratio: Fraction = 0.5, use_approximate_basis: bool = True,
                        approximate_basis_iters: Count = 2, approximate_basis_seed: int | None = None,
                        ctx: KeyContext) -> Delta:
-    """Nearest Kronecker product w1 (x) w2 to a delta (a rank-1 LoKr); kronecker_ratio sizes w1 against w2."""
+    """Nearest Kronecker product w1 (x) w2 to a delta (a rank-1 LoKr); kronecker_ratio sizes w1 against w2.
+
+    A LoKr holds a delta as ``kron(w1, w2)``; the nearest such product to a matrix is the leading singular
+    pair of its Van Loan-Pitsianis rearrangement (each (m2 x n2) block of the delta becomes one row), so a
+    delta truncated here is what a rank-1 LoKr of those factor shapes can carry. ``kronecker_ratio`` picks
+    the factor shapes: 0 makes w1 as small as the divisors allow, 1 as large, 0.5 balanced.
+    """
     if a.dim() < 2:
         return a
     blocks, dims = _rearranged(a, kronecker_ratio)

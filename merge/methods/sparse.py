@@ -1,11 +1,6 @@
-"""Sparsified task arithmetic after mergekit: Model Breadcrumbs, DELLA (mergekit's variant) and SCE.
-
-Re-implemented from the formulas of mergekit (arcee-ai/mergekit: sparsify.py,
-merge_methods/generalized_task_arithmetic.py, sce.py). Inputs are deltas (``subtract(model, base)``),
-the output a delta: add it to the base with ``add_difference(base, ..., alpha=lambda)`` (mergekit's
-``lambda``). Per-model weights are one comma-separated string (``weights="1, 0.5"``); density, gamma
-and epsilon are shared by every model (mergekit takes them per model). Differences from mergekit:
-docs/merge-methods.md.
+"""Sparsified task arithmetic after mergekit (sparsify.py, generalized_task_arithmetic.py, sce.py): Model
+Breadcrumbs, DELLA and SCE, deltas in, a delta out (add it with ``add_difference``); per-model weights
+are one comma-separated string. Differences from mergekit: docs/merge-methods.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Averages on the sphere, after mergekit: the Karcher mean, NuSLERP and multi-SLERP.
-
-Re-implemented from the formulas of mergekit (arcee-ai/mergekit, merge_methods/karcher.py, nuslerp.py,
-multislerp.py), which merges LLM weights; here they take any number of tensors of one key. A base model
-("merge relative to a base") is a recipe in delta space: ``add_difference(base, multislerp(subtract(A,
-base), subtract(B, base)))``. docs/merge-methods.md lists where these differ from mergekit.
+"""Averages on the sphere after mergekit (karcher.py, nuslerp.py, multislerp.py): the Karcher mean,
+NuSLERP and multi-SLERP of any number of tensors of one key; relative to a base, use a delta-space
+recipe. Differences from mergekit: docs/merge-methods.md.
 """
 
 from __future__ import annotations

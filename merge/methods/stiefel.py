@@ -1,9 +1,4 @@
 """Geodesics on the Stiefel manifold, for ``rotate`` with a fractional alignment of a wide matrix.
-
-A wide matrix's Procrustes transform is a rotation taking the orthonormal frame ``v`` to ``u``
-(both tall, p x n). Rotating part of the way means walking the geodesic between the two frames:
-``log_stiefel`` finds the tangent vector from ``v`` to ``u`` (Zimmermann's algorithm,
-https://arxiv.org/abs/1604.05054, as sd-mecha implements it), ``exp_stiefel`` walks along it.
 """
 
 from __future__ import annotations
@@ -28,7 +23,13 @@ def exp_stiefel(u: Tensor, delta: Tensor) -> Tensor:
 
 
 def log_stiefel(a: Tensor, b: Tensor, eps: float = 1e-8, max_iters: int = 100) -> Tensor:
-    """The tangent vector at frame ``a`` whose geodesic reaches frame ``b`` (both tall)."""
+    """The tangent vector at frame ``a`` whose geodesic reaches frame ``b`` (both tall).
+
+    A wide matrix's Procrustes transform is a rotation taking the orthonormal frame ``v`` to ``u``
+    (both tall, p x n). Rotating part of the way means walking the geodesic between the two frames:
+    ``log_stiefel`` finds the tangent vector from ``v`` to ``u`` (Zimmermann's algorithm,
+    https://arxiv.org/abs/1604.05054, as sd-mecha implements it), ``exp_stiefel`` walks along it.
+    """
     shape = a.shape
     a, b = a.reshape(-1, *shape[-2:]), b.reshape(-1, *shape[-2:])
     p = shape[-1]
