@@ -1,28 +1,6 @@
-"""Attention couple: regional prompts in one batch row, each region's LoRA only inside its mask.
-
-Why: Regional LoRA (core's masked conds, hooks/regions.py) spends one batch row per region at every step;
-the couple spends one row for all regions (docs/design-attention-couple.md). Data flow::
-
-    attention_couple(model, base, regions, feather_px)
-        masks -> feathered (regions.feather), normalised per position (overlaps share, the base prompt
-                 takes the rest): weights [1 + R, H, W] at the masks' resolution, base first
-        positive cond: the base prompt's tokens (so core batches it with the negative), the regions'
-                 LoRA hooks, a pooled output mixed by area (SDXL); DiTs: [base | region 1 | ...]
-        model clone: Fast Hooks on, an attn2_patch (CoupleContext: the couple's rows get the full
-                 context [base | region 1 | ...], the base left out where the regions cover every
-                 position; other rows their tokens tiled to its length), an
-                 attn2_replace patch on every UNet block, and transformer_options[TOKEN_WEIGHTS_KEY]
-                 (hooks/engine.py) for the region LoRAs
-    attn2 (the couple's rows): out = sum_s w_s(pos) * attention(q, k_s, v_s) over the
-        segments s, w_s area-averaged to the block's grid, each attention on the queries where w_s > 0
-        only; other rows attend as usual
-    region LoRA r: y[t] += s_r * w_r(t) * delta(x)[t] on image tokens (convs: at their output grid);
-        on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area mean;
-        the delta is computed on the tokens where w_r > 0 only (hooks/lowrank.py TokenSubset)
-
-DiT joint attention (Flux.1, Flux.2, SD3): hooks/couple_dit.py, an attention mask instead of attn2.
-Masks are MASKs ([H, W] or [1, H, W], 0..1) at the image's or the latent's size. Nothing passed in is
-changed.
+"""Attention couple: regional prompts in one batch row, each region's LoRA only inside its mask, where
+Regional LoRA (hooks/regions.py) spends a batch row per region at every step. Data flow:
+docs/architecture.md; design and measurements: docs/design-attention-couple.md.
 """
 
 from __future__ import annotations
@@ -35,26 +13,31 @@ from typing import TYPE_CHECKING, Any
 
 import comfy.hooks
 import torch
-import torch.nn.functional as F
 from comfy.ldm.modules import attention
 
 from . import couple_dit
-from .couple_dit import CoupleError
+from .couple_regions import (
+    MAX_REGIONS,
+    CoupleError,
+    CoupleWeights,
+    RegionTokenWeights,
+    Segments,
+    couple_weights,
+)
 from .enable import enable_hook_engine
 from .engine import TOKEN_WEIGHTS_KEY
 from .lora_hooks import combine
 from .lowrank import TokenSubset
-from .regions import feather
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
-__all__ = ["MAX_REGIONS", "CoupleError", "CoupleRegion", "CoupleWeights", "attention_couple",
-           "couple_weights"]
+__all__ = ["MAX_REGIONS", "CoupleError", "CoupleRegion", "CoupleWeights", "RegionTokenWeights", "Segments",
+           "attention_couple", "couple_weights"]
 
-MAX_REGIONS = 8
 _TEXT_MODULES = ("attn2.to_k", "attn2.to_v")  # linears on the prompt's tokens, not the image's
 _BLOCKS = ("input", "middle", "output")
+_Segments = Segments  # the name tests/test_t1_attention_couple_dit.py reaches for
 
 
 @dataclass(frozen=True)
@@ -66,80 +49,6 @@ class CoupleRegion:
     hooks: comfy.hooks.HookGroup | None = None
 
 
-def couple_weights(masks: Sequence[torch.Tensor], feather_px: int = 0) -> torch.Tensor:
-    """[1 + R, H, W] weights summing to 1 at every position: the base first, then the regions.
-
-    Each mask is feathered; where masks sum to more than 1 they share the position in proportion,
-    where they sum to less the base prompt takes the rest.
-    """
-    if not masks:
-        raise CoupleError("no region: connect at least one region's prompt and mask.")
-    if len(masks) > MAX_REGIONS:
-        raise CoupleError(f"{len(masks)} regions, at most {MAX_REGIONS}: merge regions that share a "
-                          f"prompt into one mask.")
-    sized = []
-    for i, mask in enumerate(masks, 1):
-        m = mask.unsqueeze(0) if mask.ndim == 2 else mask
-        if m.ndim != 3 or m.shape[0] != 1:
-            raise CoupleError(f"region {i}'s mask has shape {tuple(mask.shape)}; a region takes one mask "
-                              f"[H, W] or [1, H, W]: pick one mask of the batch.")
-        if float(m.max()) <= 0:
-            raise CoupleError(f"region {i}'s mask is empty (all 0): draw the region, or disconnect it.")
-        sized.append(feather(m.float(), feather_px)[0])
-    shapes = sorted({tuple(m.shape) for m in sized})
-    if len(shapes) > 1:
-        raise CoupleError(f"region masks differ in size {shapes}; make them one size (the image's or "
-                          f"the latent's).")
-    stacked = torch.stack(sized).clamp(0.0, 1.0)
-    total = stacked.sum(0)
-    regions = stacked / total.clamp(min=1.0)
-    return torch.cat([(1.0 - total.clamp(max=1.0)).unsqueeze(0), regions])
-
-
-class CoupleWeights:
-    """The weights resized per grid (area averaging), cached per (h, w, device, dtype)."""
-
-    def __init__(self, weights: torch.Tensor) -> None:
-        self.weights = weights  # [S, Hm, Wm], S = 1 + regions
-        self._cache: dict[tuple, torch.Tensor] = {}
-        self._live: dict[tuple[int, int], tuple[bool, ...]] = {}
-        self._subsets: dict[tuple, torch.Tensor | TokenSubset] = {}
-
-    def live(self, h: int, w: int) -> tuple[bool, ...]:
-        """Per segment: whether its weight is above 0 anywhere on the (h, w) grid (on the CPU: no sync)."""
-        if (h, w) not in self._live:
-            pooled = F.adaptive_avg_pool2d(self.weights.unsqueeze(0), (h, w))[0]
-            self._live[(h, w)] = tuple(bool(p.max() > 0) for p in pooled)
-        return self._live[(h, w)]
-
-    def at(self, h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """[S, h, w]."""
-        key = (h, w, device, dtype)
-        if key not in self._cache:
-            pooled = F.adaptive_avg_pool2d(self.weights.unsqueeze(0), (h, w))[0]
-            self._cache[key] = pooled.to(device, dtype)
-        return self._cache[key]
-
-    def subset(self, s: int, h: int, w: int, device: torch.device, dtype: torch.dtype,
-               positions: bool = False) -> torch.Tensor | TokenSubset:
-        """Segment s's weight on the (h, w) grid for a LoRA: [h, w] (``positions``) or [h * w, 1], as a
-        ``TokenSubset`` where it is 0 on some token (the delta is then computed where it is not)."""
-        key = (s, h, w, device, dtype, positions)
-        if key not in self._subsets:
-            cpu = self.at(h, w, torch.device("cpu"), torch.float32)[s]
-            self._subsets[key] = TokenSubset.of(cpu if positions else cpu.reshape(-1, 1), device, dtype,
-                                                positions)
-        return self._subsets[key]
-
-    def check_latent(self, height: int, width: int) -> None:
-        """A mask of another aspect than the latent's cannot be placed on it."""
-        mh, mw = self.weights.shape[-2:]
-        if abs(mh / height - mw / width) > 0.02 * max(mh / height, mw / width):
-            raise CoupleError(f"region masks are {mh}x{mw} (HxW) but the latent is {height}x{width} "
-                              f"({height * 8}x{width * 8} pixels): make the masks the image's size or "
-                              f"the latent's.")
-
-
 def _grid(tokens: int, height: int, width: int) -> tuple[int, int] | None:
     """The UNet level's (h, w) with h * w == tokens (each level halves the latent, rounding up)."""
     h, w = height, width
@@ -148,14 +57,6 @@ def _grid(tokens: int, height: int, width: int) -> tuple[int, int] | None:
         if h == 1 and w == 1:
             break
     return (h, w) if h * w == tokens else None
-
-
-@dataclass(frozen=True)
-class _Segments:
-    """Token ranges of the prompts in the couple's context: [(start, stop)] base first; ``total`` tokens."""
-
-    ranges: tuple[tuple[int, int], ...]
-    total: int
 
 
 # extra_options entries the attn2_patch (CoupleContext) leaves for the attn2_replace patch (CoupleAttention)
@@ -233,7 +134,7 @@ class CoupleContext:
 class CoupleAttention:
     """The attn2_replace patch: the couple's rows attend each prompt separately and blend by weight."""
 
-    def __init__(self, weights: CoupleWeights, segments: _Segments) -> None:
+    def __init__(self, weights: CoupleWeights, segments: Segments) -> None:
         self.weights = weights
         self.segments = segments
         self._index: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -295,36 +196,20 @@ class CoupleAttention:
         return acc
 
 
-class CoupleTokenWeights:
-    """transformer_options[TOKEN_WEIGHTS_KEY]: each region's hooks weighted by the region's weight."""
+class CoupleTokenWeights(RegionTokenWeights):
+    """A UNet's region hooks weighted by the region's weight (text modules: on its own prompt's tokens)."""
 
-    def __init__(self, weights: CoupleWeights, segments: _Segments, region_refs: dict[Any, int],
+    def __init__(self, weights: CoupleWeights, segments: Segments, region_refs: dict[Any, int],
                  text_modules: weakref.WeakSet) -> None:
-        self.weights = weights
-        self.segments = segments
-        self.region_refs = region_refs  # hook_ref -> segment (1..R)
+        super().__init__(weights, segments, region_refs)
         self.text_modules = text_modules
 
-    def __deepcopy__(self, memo: dict) -> CoupleTokenWeights:
-        return self  # shared by clones: it holds hook refs and modules, which must stay themselves
+    def module_key(self, module: torch.nn.Module) -> bool:
+        return module in self.text_modules
 
-    def for_call(self, index: dict, x: torch.Tensor) -> Callable | None:
-        segment_of = {i: self.region_refs[ref] for ref, i in index.items() if ref in self.region_refs}
-        if not segment_of:
-            return None
+    def weigher(self, x: torch.Tensor) -> Callable[[int, bool, torch.Tensor], torch.Tensor | TokenSubset]:
         height, width = x.shape[-2:]
-        self.weights.check_latent(height, width)
-        cache: dict[tuple, torch.Tensor | TokenSubset] = {}
-
-        def weigh(hook: int, module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | TokenSubset | None:
-            s = segment_of.get(hook)
-            if s is None:
-                return None
-            key = (s, module in self.text_modules, tuple(y.shape[1:]), y.device, y.dtype)
-            if key not in cache:
-                cache[key] = self._weight(s, key[1], y, height, width)
-            return cache[key]
-        return weigh
+        return lambda s, text, y: self._weight(s, text, y, height, width)
 
     def _weight(self, s: int, text: bool, y: torch.Tensor, height: int,
                 width: int) -> torch.Tensor | TokenSubset:
@@ -359,20 +244,33 @@ def _pooled(extras: Sequence[dict], areas: Sequence[float]) -> torch.Tensor | No
     return sum((p * a for p, a in zip(pooled, areas, strict=True)), torch.zeros_like(pooled[0]))
 
 
-def _layout(tokens: Sequence[torch.Tensor], drop_base: bool) -> tuple[_Segments, torch.Tensor]:
+def _layout(tokens: Sequence[torch.Tensor], drop_base: bool) -> tuple[Segments, torch.Tensor]:
     """The couple's segments and full context [base | region 1 | ...]. ``drop_base`` (UNets whose regions
     cover every position, so the base prompt is attended nowhere): the base's segment is empty and its
     tokens stay out of the context, so each block projects fewer keys and values."""
     lengths = [0 if i == 0 and drop_base else t.shape[1] for i, t in enumerate(tokens)]
     stops = torch.tensor(lengths).cumsum(0).tolist()
     full = torch.cat([t for t, n in zip(tokens, lengths, strict=True) if n], dim=1)
-    return _Segments(tuple(zip([0, *stops[:-1]], stops, strict=True)), stops[-1]), full
+    return Segments(tuple(zip([0, *stops[:-1]], stops, strict=True)), stops[-1]), full
 
 
 def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRegion],
                      feather_px: int = 0) -> tuple[ModelPatcher, list]:
     """(MODEL, positive CONDITIONING) of an attention couple: ``base`` where no region is, each region's
-    prompt inside its mask, its hooks (LoRA) weighted by its mask. ``model`` is cloned, never changed."""
+    prompt inside its mask, its hooks (LoRA) weighted by its mask. ``model`` is cloned, never changed.
+
+    Masks are MASKs ([H, W] or [1, H, W], 0..1) at the image's or the latent's size. Nothing passed in is
+    changed. On a UNet::
+
+        attn2 (the couple's rows): out = sum_s w_s(pos) * attention(q, k_s, v_s) over the
+            segments s, w_s area-averaged to the block's grid, each attention on the queries where w_s > 0
+            only; other rows attend as usual
+        region LoRA r: y[t] += s_r * w_r(t) * delta(x)[t] on image tokens (convs: at their output grid);
+            on attn2.to_k/to_v (text tokens) only on r's own segment; elsewhere (time embedding) the area
+            mean; the delta is computed on the tokens where w_r > 0 only (hooks/lowrank.py TokenSubset)
+
+    DiT joint attention (Flux.1, Flux.2, SD3): hooks/couple_dit.py, an attention mask instead of attn2.
+    """
     weights = CoupleWeights(couple_weights([r.mask for r in regions], feather_px))
     parts = [_context(base, "the base prompt"), *(_context(r.cond, f"region {i}'s prompt")
                                                   for i, r in enumerate(regions, 1))]
@@ -403,7 +301,7 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
     return clone, [[parts[0][0], extra]]
 
 
-def _patch_unet(clone: ModelPatcher, weights: CoupleWeights, segments: _Segments, refs: dict,
+def _patch_unet(clone: ModelPatcher, weights: CoupleWeights, segments: Segments, refs: dict,
                 context: CoupleContext) -> None:
     unet = clone.get_model_object("diffusion_model")
     if not hasattr(unet, "input_blocks"):

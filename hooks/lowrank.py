@@ -1,32 +1,6 @@
-"""Forward-pass deltas for one module: low-rank (LoRA/LoCon) and dense (everything else).
-
-Pure torch. One ``ModuleDeltas`` per targeted Linear/Conv/Norm module holds every hook's contribution::
-
-    low-rank hook h with down A_h (r_h, in[, kh, kw]) and up B_h (out, r_h), scale alpha_h / r_h
-    forward:  y[rows] += s * scale_h * ((x[rows] (*) A_h) (*) B_h)   rows: a run where h has strength s
-              (times a per-token weight w_h(t) where the call gives h one: ``RowStrengths.weights``;
-              a ``TokenSubset`` weight: x and y only at the tokens where w_h > 0, gathered, added back)
-    dense hooks (LoHa, LoKr, DoRA, model-as-LoRA, LoCon with a mid weight, bias diffs):
-              y[rows] += s * (x[rows] (*) D_h)                         D_h materialised by the caller
-    replacing dense hooks (weights rounded like LoraLoader, D_h = round(W + dW(s)) - W in fp32):
-              y[rows] = module(x[rows]) with its weight W + D_h        recomputed before any addition
-
-``(*)`` is ``F.linear`` for Linear modules and the module's own convolution for Conv modules (the
-down projection takes the module's stride/padding/dilation, the up projection is 1x1), which is
-the same function LoraLoader bakes into the weight: W' = W + s * (B @ A) * alpha / r.
-
-Rows: a model call's batch is made of cond chunks (``RowStrengths``: one row of hook strengths per
-chunk). Each hook's strengths are turned once per call into runs of consecutive chunks with one
-nonzero strength, so a delta is computed only on the rows that carry its hook, with the strength
-as a scalar (no per-row multiply), and added in place (one fused ``addmm_`` for Linear modules).
-A and B are used as loaded (no concatenated or pre-scaled copies) and cast per call when only the
-dtype differs, so the engine holds nothing beyond the LoRA file's own tensors on the CPU; a copy is
-kept only on another compute device (a GPU), where it must live anyway.
-
-Compiled form (``add_rows``, for hooks/compiled.py): no branch on strengths, every row computed::
-
-    RowFactors: every low-rank delta of the module side by side, R = the sum of their ranks
-    y + ((x (*) down_R) * (rows[chunk, hook_of_rank] * scale_of_rank)) (*) up_R
+"""Forward-pass deltas for one module, low-rank (LoRA/LoCon) and dense (everything else), added to the
+module's output on the rows that carry each hook: the math of the hook engine. Pure torch. Where it sits
+in the hook path: docs/architecture.md; why it is built this way: docs/design-hook-engine.md.
 """
 
 from __future__ import annotations
@@ -177,7 +151,29 @@ class DenseDelta:
 
 @dataclass
 class ModuleDeltas:
-    """Every hook's delta on one module."""
+    """Every hook's delta on one module (one per targeted Linear/Conv/Norm module)::
+
+        low-rank hook h with down A_h (r_h, in[, kh, kw]) and up B_h (out, r_h), scale alpha_h / r_h
+        forward:  y[rows] += s * scale_h * ((x[rows] (*) A_h) (*) B_h)   rows: a run where h has strength s
+                  (times a per-token weight w_h(t) where the call gives h one: ``RowStrengths.weights``;
+                  a ``TokenSubset`` weight: x and y only at the tokens where w_h > 0, gathered, added back)
+        dense hooks (LoHa, LoKr, DoRA, model-as-LoRA, LoCon with a mid weight, bias diffs):
+                  y[rows] += s * (x[rows] (*) D_h)                         D_h materialised by the caller
+        replacing dense hooks (weights rounded like LoraLoader, D_h = round(W + dW(s)) - W in fp32):
+                  y[rows] = module(x[rows]) with its weight W + D_h        recomputed before any addition
+
+    ``(*)`` is ``F.linear`` for Linear modules and the module's own convolution for Conv modules (the
+    down projection takes the module's stride/padding/dilation, the up projection is 1x1), which is
+    the same function LoraLoader bakes into the weight: W' = W + s * (B @ A) * alpha / r.
+
+    Rows: a model call's batch is made of cond chunks (``RowStrengths``: one row of hook strengths per
+    chunk). Each hook's strengths are turned once per call into runs of consecutive chunks with one
+    nonzero strength, so a delta is computed only on the rows that carry its hook, with the strength
+    as a scalar (no per-row multiply), and added in place (one fused ``addmm_`` for Linear modules).
+    A and B are used as loaded (no concatenated or pre-scaled copies) and cast per call when only the
+    dtype differs, so the engine holds nothing beyond the LoRA file's own tensors on the CPU; a copy is
+    kept only on another compute device (a GPU), where it must live anyway.
+    """
 
     kind: str
     weight_shape: tuple[int, ...]
@@ -294,6 +290,11 @@ class ModuleDeltas:
     def add_rows(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
                  factors: RowFactors) -> torch.Tensor:
         """``y`` plus every low-rank delta on every row, scaled by its chunk's strength of the delta's hook.
+
+        Compiled form (for hooks/compiled.py): no branch on strengths, every row computed::
+
+            RowFactors: every low-rank delta of the module side by side, R = the sum of their ranks
+            y + ((x (*) down_R) * (rows[chunk, hook_of_rank] * scale_of_rank)) (*) up_R
 
         ``rows``: a tensor (chunks, hooks); a chunk without a hook has strength 0 for it. Two products
         for all the hooks together, out of place, no Python branch on a strength or a rank: one

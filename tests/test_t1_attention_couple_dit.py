@@ -257,3 +257,65 @@ def test_joint_mask_rows_and_columns(lib, comfy):
     half = torch.tensor(0.5).log()
     assert torch.allclose(mask[10, :5], torch.tensor([half, half, half, half, half]))  # left: base and region
     assert torch.equal(mask[11, :5], torch.tensor([0, 0, inf, inf, inf]))  # right: the base alone
+
+
+
+def _sampled_with_calls(comfy, model, pos, neg, separate=False, **kwargs):
+    """(latent, the cond_or_uncond of every model call); ``separate``: without the couple's PaddedText
+    (hooks/couple_dit.py), so a negative of another text length runs in a model call of its own."""
+    calls = []
+
+    def record(executor, *args, **kw):
+        calls.append(tuple(args[5]["cond_or_uncond"]))
+        return executor(*args, **kw)
+
+    if separate:
+        registry = importlib.import_module(comfy.pack.__name__ + ".patcher.registry")
+        assert registry.remove_wrapper(model, "calc_cond_batch", "patchbay.couple")
+    model.add_wrapper_with_key("apply_model", "test.rows", record)
+    return sample(model, pos, neg, **kwargs), calls
+
+
+def _longer(cond, *others):
+    """``cond`` with the tokens of ``others`` appended (a longer prompt, same pooled vector)."""
+    return [[torch.cat([cond[0][0], *(o[0][0] for o in others)], 1), dict(cond[0][1])]]
+
+
+@pytest.mark.parametrize("negative", ["shorter", "longer"])
+def test_flux_couple_and_negative_of_another_length_share_one_model_call(lib, flux, comfy, negative):
+    """The couple's [base | regions] text and the negative's own (shorter: padded with zero tokens that
+    the negative's attention leaves out; longer: the couple's rows padded, masked out) in one model call
+    per step, equal to the same sample with the negative in a call of its own (the pooled vector and the
+    guidance batched too: any cond that did not would split the call)."""
+    hooks = arch_sampling.hook_lora(LORA)
+    if negative == "shorter":
+        regions, neg = [(cond(3), left(), hooks), (cond(4), 1.0 - left())], cond(2)  # 3 prompts vs 1
+    else:
+        regions, neg = [(cond(3), left(), hooks)], _longer(cond(2), cond(5), cond(6))  # 2 vs 3
+    one, calls = _sampled_with_calls(comfy, *couple(lib, flux, regions), neg)
+    assert len(calls) == STEPS and all(sorted(c) == [0, 1] for c in calls), calls
+    two, apart = _sampled_with_calls(comfy, *couple(lib, flux, regions), neg, separate=True)
+    assert len(apart) == 2 * STEPS, apart
+    assert_close(one, two, f"Flux: a {negative} negative in the couple's model call vs in its own")
+    assert not torch.equal(one, _sampled_with_calls(comfy, *couple(lib, flux, regions), cond(7))[0])
+
+
+@pytest.mark.parametrize("name", DITS)
+def test_dit_couple_and_a_shorter_negative_share_one_model_call(lib, name, comfy):
+    """SD3.5 (no text positions) and Flux.2 (text positions counted from the front; the negative padded
+    at the end keeps its own): one model call per step, equal to the negative in a call of its own."""
+    family = tiny_dits.FAMILIES[name]
+    model = tiny_dits.load(family)
+    hooks = arch_sampling.hook_lora(tiny_dits.lora(family, model))
+    side = 8 * family.latent[-1]
+    half = torch.zeros((side, side))
+    half[:, : side // 2] = 1.0
+    pos, neg, other = (arch_sampling.make_cond(name, seed) for seed in (1, 2, 3))
+    regions = [(pos, half, hooks), (other, 1.0 - half)]
+    one, calls = _sampled_with_calls(comfy, *couple(lib, model, regions, other, arch=name), neg,
+                                     latent_shape=family.latent)
+    assert len(calls) == STEPS and all(sorted(c) == [0, 1] for c in calls), calls
+    two, apart = _sampled_with_calls(comfy, *couple(lib, model, regions, other, arch=name), neg,
+                                     separate=True, latent_shape=family.latent)
+    assert len(apart) == 2 * STEPS, apart
+    assert_close(one, two, f"{name}: the negative in the couple's model call vs in its own")
