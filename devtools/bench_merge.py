@@ -93,14 +93,14 @@ def ensure_inputs(count: int) -> list[Path]:
 
 
 def load_merge():
-    from patchbay_merge import load_merge_package
+    import pack_imports
 
-    load_merge_package()
-    import importlib
+    pack_imports.use_standalone_names()
+    import patchbay_merge.execute
+    import patchbay_merge.io
+    import patchbay_merge.recipe  # noqa: F401  (bound as attributes of the package)
 
-    for name in ("execute", "io", "recipe"):
-        importlib.import_module(f"merge.{name}")
-    return sys.modules["merge"]
+    return patchbay_merge
 
 
 # ---- probes: one contender, one recipe, in this (sub)process -----------------------------------------

@@ -20,7 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-from patchbay_merge import load_merge_package
+import pack_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "web" / "docs"
@@ -88,8 +88,8 @@ def help_page(node: str, locale: str = "en") -> Path:
 
 def pages() -> dict[Path, str]:
     """Every page this script writes: the method pages, then each node's fallback copy of its en.md."""
-    load_merge_package()
-    from merge import registry
+    pack_imports.use_standalone_names()  # here, not at import: a T1 test imports this module
+    from patchbay_merge import registry
 
     written = {help_page(node_id(m.name)): page(m) for m in registry.all_methods()}
     english = {path.parent.name: path for path in DOCS.glob("*/en.md")}

@@ -6,8 +6,6 @@ the compile tests use devtools/compile_attention.py.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 CKPT = "patchbay-sd15-tiny-a.safetensors"
@@ -28,7 +26,7 @@ class Rig:
         self.left = self.encode("a red castle")
         self.right = self.encode("a green forest")
         (self.latent,) = self.n["EmptyLatentImage"]().generate(64, 64, 1)
-        self.engine_module = sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+        self.engine_module = comfy.pack.hooks.enable
 
     def encode(self, text):
         """CLIPTextEncode of ``text`` with the rig's CLIP, encoded once per text (nodes copy a

@@ -69,7 +69,7 @@ def call(method: str, *args: Any, **kwargs: Any) -> CallNode:
     Python users build recipes with the builders, which check every call against the method's
     signature and fill in defaults (so equal recipes compare equal)::
 
-        from merge.recipe import model, weighted_sum
+        from patchbay_merge.recipe import model, weighted_sum
         r = weighted_sum(model("a.safetensors"), model("b.safetensors"), alpha=0.3)
 
     Every method in the registry is a builder of this module (``recipe.add_difference(...)``), and

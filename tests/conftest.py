@@ -1,10 +1,11 @@
 """Shared fixtures for the four test tiers (markers t0..t3, see pyproject.toml).
 
-- ``merge``: the standalone merge library, importable as ``from merge import recipe`` in every test
-  (loaded from this checkout under its own name by devtools/patchbay_merge.py, as a script with
-  the pack folder on sys.path imports it; the pack folder itself stays off sys.path).
-- ``pack``: the pack's other pure modules (hooks, patcher, nodes/floats.py) imported under the name
-  ``patchbay`` without running its ``__init__`` (T0; nothing from ComfyUI is imported).
+- Import names (devtools/pack_imports.py): T0, T2 and T3's test processes import the merge library as
+  ``patchbay_merge`` (``from patchbay_merge import recipe``); T1 loads the pack into its process as
+  ComfyUI does and reaches the library only as ``comfy.pack.merge``, so T1 runs in a pytest process of
+  its own and every session fails if it holds a file of this repo under two names.
+- ``pack``: the pack's other pure modules (hooks, patcher, nodes/floats.py) as the package ``patchbay``,
+  without its ``__init__`` (T0; nothing from ComfyUI is imported).
 - ``models``: the tiny generated models (devtools/tiny_models.py), made once per session.
 - ``comfy``: ComfyUI in-process (T1): core and extra nodes initialised, this pack loaded through
   ComfyUI's own ``nodes.load_custom_node`` from a ``custom_nodes/ComfyUI-Patchbay`` link.
@@ -27,25 +28,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "devtools"))
 
 import devpaths  # noqa: E402
-from patchbay_merge import load_merge_package  # noqa: E402
+import pack_imports  # noqa: E402
 
-load_merge_package()
-
-
-def _import_pack_without_init() -> types.ModuleType:
-    # nodes/__init__.py is the registration loop: it imports every node module, ComfyUI-bound ones
-    # too (nodes/patcher.py needs comfy.model_patcher), so T0 reaches nodes/floats.py past it.
-    for name, path in (("patchbay", ROOT), ("patchbay.nodes", ROOT / "nodes")):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [str(path)]
-            sys.modules[name] = package
-    return sys.modules["patchbay"]
+pack_imports.use_standalone_names()
 
 
 @pytest.fixture(scope="session")
 def pack() -> types.ModuleType:
-    return _import_pack_without_init()
+    """The pack's ComfyUI-free files as ``patchbay`` (devtools/standalone/patchbay): T0 imports
+    ``patchbay.hooks.floats`` and ``patchbay.nodes.floats`` without the pack's registration loops."""
+    import patchbay
+
+    return patchbay
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +87,19 @@ def comfy(models, tmp_path_factory):
     import folder_paths
 
     return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
+
+
+@pytest.fixture(scope="session")
+def merge_library(comfy) -> types.ModuleType:
+    """T1's merge library: the loaded pack's ``merge`` (``comfy.pack.merge``, the one name it has in a
+    ComfyUI process), every module of it imported, so that ``merge_library.cli`` is there too."""
+    import importlib
+    import pkgutil
+
+    package = comfy.pack.merge
+    for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(module.name)
+    return package
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -153,7 +160,8 @@ _current_tier: list[str] = []
 
 def _selected_tiers() -> tuple[str, ...]:
     """$PATCHBAY_TIERS (e.g. "t1 t2 t3", what `make test` gives every ComfyUI version after the first:
-    t0 imports no ComfyUI, so it runs once); unset or empty: every tier."""
+    t0 imports no ComfyUI, so it runs once); unset or empty: every tier (but T1 runs only in a process of
+    its own: _refuse_t1_beside_other_tiers)."""
     named = tuple(os.environ.get("PATCHBAY_TIERS", "").replace(",", " ").split()) or TIERS
     unknown = sorted(set(named) - set(TIERS))
     if unknown:
@@ -167,6 +175,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselect: the tiers that will run
 def pytest_collection_modifyitems(config, items):
     untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
     if untiered:
@@ -185,6 +194,18 @@ def pytest_collection_modifyitems(config, items):
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
+    _refuse_t1_beside_other_tiers(items)
+
+
+def _refuse_t1_beside_other_tiers(items) -> None:
+    """T1 holds the pack under the name ComfyUI gives it; T0, T2 and T3 import ``patchbay_merge`` and
+    ``patchbay``: in one process merge/'s files would be loaded under two names (devtools/pack_imports.py)."""
+    tiers = {tier for item in items for tier in TIERS if item.get_closest_marker(tier)}
+    if "t1" in tiers and len(tiers) > 1:
+        raise pytest.UsageError(
+            f"tests of tiers {sorted(tiers)} selected: T1 runs in a pytest process of its own (it loads the "
+            "pack as ComfyUI does; the others import the merge library as patchbay_merge). Set "
+            "PATCHBAY_TIERS=t1, then PATCHBAY_TIERS=\"t0 t2 t3\", or run `make test`")
 
 
 def _tier_of(keywords) -> str | None:
@@ -244,6 +265,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    twice = pack_imports.loaded_under_two_names()
+    if twice:  # one file, two modules: two classes of one name (devtools/pack_imports.py)
+        print("\nfiles of this repo loaded under two module names in this process: "
+              + "; ".join(f"{file}: {', '.join(names)}" for file, names in twice.items()))
+        session.exitstatus = 1
     if os.environ.get("CI") and not session.config.option.markexpr and exitstatus == 0:
         empty = [t for t, c in _tier_outcomes.items() if t in _selected_tiers() and not c.get("passed")]
         skipped = [t for t, c in _tier_outcomes.items() if c.get("skipped")]

@@ -11,10 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from merge import lora_stack as ls
-from merge.lora import module_delta
-
 pytestmark = pytest.mark.t0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library():
+    """The library, imported when these tests run: a T1 process collects this file too, and must not load
+    merge/ under a second name (devtools/pack_imports.py)."""
+    global ls, module_delta
+    from patchbay_merge import lora_stack as ls
+    from patchbay_merge.lora import module_delta
 
 ATTN = "lora_unet_input_blocks_1_1_transformer_blocks_0_attn2_to_k"  # SD1.5: context 768
 CONV = "lora_unet_input_blocks_1_0_in_layers_2"
@@ -197,7 +203,7 @@ def test_bad_input_is_refused_and_nothing_is_written(pair, tmp_path):
     {"lora_up.weight": (8, 3, 1, 1), "lora_down.weight": (3, 4, 3, 3), "alpha": ()},
 ])
 def test_module_factors_multiply_to_the_module_delta(parts):
-    from merge.lora import module_factors
+    from patchbay_merge.lora import module_factors
 
     g = torch.Generator().manual_seed(3)
     t = {part: torch.randn(*shape, generator=g) if shape else torch.tensor(1.5)
@@ -208,7 +214,7 @@ def test_module_factors_multiply_to_the_module_delta(parts):
 
 
 def test_command_line(pair, tmp_path, capsys):
-    from merge import cli
+    from patchbay_merge import cli
 
     out = tmp_path / "m.safetensors"
     a, b = pair[0].path, pair[1].path
@@ -227,7 +233,7 @@ def test_command_line(pair, tmp_path, capsys):
 def test_families_of_the_tiny_loras_and_a_cross_family_stack_refused(models, tmp_path):
     """Family from the module names (kohya diffusers and LDM names, BFL) and the weights' shapes; an SD1.5
     and an SDXL LoRA in one stack are refused before anything is read or written."""
-    from merge import io as mio
+    from patchbay_merge import io as mio
 
     def family(stem: str) -> str:
         return ls._open(ls.StackEntry(models.loras[stem]), 1).arch

@@ -22,7 +22,7 @@ KEYS = {"model.diffusion_model.input_blocks.1.1.proj_in.weight": (6, 5),
 
 @pytest.fixture(scope="module")
 def cli():
-    from merge import cli
+    from patchbay_merge import cli
 
     return cli
 
@@ -53,7 +53,7 @@ def test_merge_writes_the_recipe_result_and_embeds_the_recipe(cli, folder, capsy
     a, b, merged = (load_file(str(folder / n)) for n in ("a.safetensors", "b.safetensors", "out.safetensors"))
     for key in KEYS:
         torch.testing.assert_close(merged[key], torch.lerp(a[key], b[key], 0.25), rtol=0, atol=1e-6)
-    from merge import io
+    from patchbay_merge import io
 
     assert 'merge "weighted_sum"' in io.SafetensorsFile(out).metadata["patchbay.recipe"]
     assert cli.main(["merge", str(recipe), str(out)]) == cli.EXIT_USER_ERROR
@@ -121,7 +121,7 @@ def test_extract_writes_a_lora(cli, folder, capsys):
 
 
 def test_extract_by_energy_keeps_the_smallest_rank_that_reaches_it():
-    from merge import extract
+    from patchbay_merge import extract
 
     u, _ = torch.linalg.qr(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)))
     delta = u[:, :3] @ torch.diag(torch.tensor([4.0, 3.0, 0.1])) @ u[:, 3:].T  # energies 16, 9, 0.01
@@ -150,7 +150,8 @@ def test_console_entry_runs_without_the_pack_root(tmp_path):
             runpy.run_path({str(entry)!r}, run_name="__main__")
         except SystemExit as exit:
             code = exit.code
-        assert "merge.cli" in sys.modules and "nodes" not in sys.modules and "patchbay" not in sys.modules
+        assert "patchbay_merge.cli" in sys.modules and "merge" not in sys.modules
+        assert "nodes" not in sys.modules and "patchbay" not in sys.modules
         assert {str(ROOT)!r} not in sys.path
         sys.exit(code)
     """)
@@ -211,9 +212,9 @@ def test_binary_and_pickle_inputs_are_named(cli, folder, capsys):
 SLOW_MERGE = """
 import sys, time
 sys.path.insert(0, {devtools!r})
-from patchbay_merge import load_merge_package
-load_merge_package()
-from merge import cli, registry
+import pack_imports
+pack_imports.use_standalone_names()
+from patchbay_merge import cli, registry
 
 def slow(a: registry.Weight) -> registry.Weight:
     \"\"\"Sleeps on every key so that the test can signal the merge while it runs.\"\"\"
@@ -317,6 +318,6 @@ def test_show_and_the_embedded_recipe_use_the_block_config_of_the_models(cli, tm
                                               'dict IN01=0.2 default=0.5\n')
     out = tmp_path / "out.safetensors"
     assert cli.main(["merge", str(recipe), str(out), "--no-progress"]) == 0
-    from merge import io
+    from patchbay_merge import io
 
     assert io.SafetensorsFile(out).metadata["patchbay.recipe"] == shown

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.t0
 @pytest.mark.parametrize("shape", [(24, 96), (96, 24), (32, 32), (16, 12, 3, 3), (48, 8, 1, 1)])
 @pytest.mark.parametrize("rank", [1, 5])
 def test_decompose_gives_the_best_rank_r_approximation_and_its_error(shape, rank):
-    from merge.extract import decompose
+    from patchbay_merge.extract import decompose
 
     gen = torch.Generator().manual_seed(sum(shape) + rank)
     delta = torch.randn(*shape, generator=gen, dtype=torch.float64)
@@ -38,7 +38,7 @@ def test_decompose_gives_the_best_rank_r_approximation_and_its_error(shape, rank
 
 
 def test_decompose_by_energy_keeps_the_smallest_rank_that_holds_it():
-    from merge.extract import decompose
+    from patchbay_merge.extract import decompose
 
     matrix = torch.diag(torch.tensor([4.0, 2.0, 1.0, 0.5])) @ torch.linalg.qr(torch.randn(4, 9).T)[0].T
     power = torch.tensor([16.0, 4.0, 1.0, 0.25])

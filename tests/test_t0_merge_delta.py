@@ -24,9 +24,9 @@ def make_model(path: Path, seed: int) -> str:
 
 
 def test_a_whole_model_recipe_minus_its_base_gives_each_keys_delta_on_request(tmp_path):
-    from merge import recipe as R
-    from merge.delta import RecipeDeltas, delta_recipe
-    from merge.plan import MergeOptions
+    from patchbay_merge import recipe as R
+    from patchbay_merge.delta import RecipeDeltas, delta_recipe
+    from patchbay_merge.plan import MergeOptions
 
     a, b = make_model(tmp_path / "a.safetensors", 1), make_model(tmp_path / "b.safetensors", 2)
     base = R.model(a)
@@ -44,8 +44,8 @@ def test_a_whole_model_recipe_minus_its_base_gives_each_keys_delta_on_request(tm
 
 
 def test_a_difference_is_its_own_delta_and_wrong_combinations_name_the_fix(tmp_path):
-    from merge import recipe as R
-    from merge.delta import delta_recipe
+    from patchbay_merge import recipe as R
+    from patchbay_merge.delta import delta_recipe
 
     a = R.model(make_model(tmp_path / "a.safetensors", 1))
     b = R.model(make_model(tmp_path / "b.safetensors", 2))

@@ -27,7 +27,7 @@ SHAPES = {
 
 @pytest.fixture(scope="module")
 def m():
-    from merge import checks, execute, io, recipe, registry, stream
+    from patchbay_merge import checks, execute, io, recipe, registry, stream
 
     return type("M", (), {"execute": execute, "io": io, "recipe": recipe, "registry": registry,
                           "stream": stream, "checks": checks})
@@ -64,7 +64,7 @@ def register(m, fn, *inputs):
 
 def reference(m, recipe, paths, key):
     """The recipe on whole fp32 tensors in memory: method.fn applied recursively."""
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     tensors = {str(p): load_file(str(p))[key].float() for p in paths}
 
@@ -343,7 +343,7 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
     recipe = R.add_difference(R.model(str(base)), R.model(str(lora), space="delta"), alpha=1.0)
     out = tmp_path / "out.safetensors"
     m.execute.merge(recipe, out, opts(m, dtype="fp32"))
-    from merge import lora as mlora
+    from patchbay_merge import lora as mlora
 
     deltas = mlora.LoraSource(m.io.SafetensorsFile(lora), m.io.SafetensorsFile(base))
     merged, original = m.io.SafetensorsFile(out), m.io.SafetensorsFile(base)
@@ -360,7 +360,7 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
 def test_keys_larger_than_the_read_arena_are_streamed_in_slices(m, abc, tmp_path, name):
     R = m.recipe
     recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
-    from merge import pipeline, plan, steps
+    from patchbay_merge import pipeline, plan, steps
 
     graph = steps.compile_recipe(recipe)
     sources = graph.open_sources()
@@ -440,7 +440,7 @@ def test_two_workers_write_the_bytes_one_writes(m, abc, tmp_path, name):
 
 def spans_recipe(m, abc, fn):
     """``fn(a, b, *, ctx)`` registered as an elementwise method (evaluated slice by slice, so in spans)."""
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     fn.__annotations__ = {"a": m.registry.Weight, "b": m.registry.Weight, "ctx": KeyContext,
                           "return": m.registry.Weight}

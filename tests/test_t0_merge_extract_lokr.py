@@ -27,9 +27,8 @@ def t(*shape, seed):
 @pytest.mark.parametrize("ratio", [0.2, 0.5, 0.9])
 def test_factors_are_sd_mechas_lokr_extraction(shape, ratio):
     sd_mecha = pytest.importorskip("sd_mecha")
+    from patchbay_merge.methods.kronecker import kronecker_factors
     from sd_mecha.extensions import merge_methods as sdm_methods
-
-    from merge.methods.kronecker import kronecker_factors
 
     delta = t(*shape, seed=sum(shape))
     theirs = sdm_methods.resolve("extract_lokr_'sd1-kohya_kohya_lora'").__wrapped__()(
@@ -51,10 +50,10 @@ def folder(tmp_path):
 
 
 def test_the_lokr_file_carries_the_nearest_kronecker_product_of_each_delta(folder):
-    from merge import extract, lora
-    from merge import recipe as R
-    from merge.context import KeyContext
-    from merge.registry import get
+    from patchbay_merge import extract, lora
+    from patchbay_merge import recipe as R
+    from patchbay_merge.context import KeyContext
+    from patchbay_merge.registry import get
 
     a, b = (R.model(str(folder / f"{n}.safetensors")) for n in "ab")
     out = folder / "lokr.safetensors"
@@ -79,7 +78,7 @@ def test_the_lokr_file_carries_the_nearest_kronecker_product_of_each_delta(folde
 
 
 def test_the_command_line_writes_a_lokr_and_refuses_a_ratio_outside_0_1(folder, capsys):
-    from merge import cli, extract
+    from patchbay_merge import cli, extract
 
     out = folder / "lokr.safetensors"
     assert cli.main(["extract", str(folder / "d.mecha"), str(out), "--lokr", "0.5"]) == 0

@@ -17,20 +17,20 @@ FAMILIES = [f for f in tf.FAMILIES if f != "unknown"]
 
 @pytest.fixture(scope="module")
 def archs():
-    from merge import architectures
+    from patchbay_merge import architectures
 
     return architectures
 
 
 @pytest.fixture(scope="module")
 def blocks():
-    from merge import blocks
+    from patchbay_merge import blocks
 
     return blocks
 
 
 def _infos(shapes):
-    from merge.io import TensorInfo
+    from patchbay_merge.io import TensorInfo
 
     return {k: TensorInfo("F16", s, 0, 0) for k, s in shapes.items()}
 
@@ -50,7 +50,7 @@ def test_the_design_doc_lists_every_family():
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["diffusion-model", "checkpoint"])
 def test_every_family_is_detected_in_both_file_layouts(family, checkpoint):
-    from merge import io
+    from patchbay_merge import io
 
     assert io.detect_architecture(_infos(tf.shapes(family, checkpoint=checkpoint))) == (
         family,
@@ -59,7 +59,7 @@ def test_every_family_is_detected_in_both_file_layouts(family, checkpoint):
 
 
 def test_a_file_of_no_known_family_is_unknown_and_loras_stay_loras():
-    from merge import io
+    from patchbay_merge import io
 
     assert io.detect_architecture(_infos(tf.shapes("unknown"))) == ("unknown", False)
     lora = {
@@ -176,8 +176,8 @@ def _pair(folder, a, b):
     ],
 )
 def test_merges_of_different_families_or_layouts_stop_before_anything_is_written(tmp_path, a, b, said):
-    from merge import execute, io
-    from merge import recipe as R
+    from patchbay_merge import execute, io
+    from patchbay_merge import recipe as R
 
     first, second = _pair(tmp_path, a, b)
     out = tmp_path / "out.safetensors"
@@ -194,10 +194,9 @@ def test_merges_of_different_families_or_layouts_stop_before_anything_is_written
 
 
 def test_the_allow_policy_merges_by_key_and_says_so(tmp_path):
+    from patchbay_merge import execute
+    from patchbay_merge import recipe as R
     from safetensors.torch import load_file
-
-    from merge import execute
-    from merge import recipe as R
 
     first, second = _pair(tmp_path, ("wan21", 2), ("ltxv", 2))
     out = tmp_path / "out.safetensors"
@@ -217,8 +216,8 @@ def test_the_allow_policy_merges_by_key_and_says_so(tmp_path):
 
 
 def test_a_file_of_no_known_family_merges_by_key_and_says_so(tmp_path):
-    from merge import execute
-    from merge import recipe as R
+    from patchbay_merge import execute
+    from patchbay_merge import recipe as R
 
     first, second = _pair(tmp_path, ("unknown", 3), ("unknown", 3))
     report = execute.merge(
@@ -233,10 +232,9 @@ def test_a_file_of_no_known_family_merges_by_key_and_says_so(tmp_path):
 
 
 def test_a_flux2_block_map_merges_and_a_flux1_block_map_is_refused_at_plan_time(tmp_path):
+    from patchbay_merge import execute, graph
+    from patchbay_merge import recipe as R
     from safetensors.torch import load_file
-
-    from merge import execute, graph
-    from merge import recipe as R
 
     first, second = (
         tf.write(tmp_path / f"{n}.safetensors", "flux2", 2, 6, checkpoint=True, seed=s)
@@ -269,7 +267,7 @@ def test_a_flux2_block_map_merges_and_a_flux1_block_map_is_refused_at_plan_time(
 
 
 def test_the_cli_takes_the_policy(tmp_path, capsys):
-    from merge import cli
+    from patchbay_merge import cli
 
     first, second = _pair(tmp_path, ("wan21", 2), ("ltxv", 2))
     recipe = tmp_path / "r.mecha"
@@ -288,8 +286,8 @@ def test_the_cli_takes_the_policy(tmp_path, capsys):
 
 
 def test_extract_lora_obeys_the_architecture_policy(tmp_path, capsys):
-    from merge import cli, extract, io
-    from merge import recipe as R
+    from patchbay_merge import cli, extract, io
+    from patchbay_merge import recipe as R
 
     first, second = _pair(tmp_path, ("wan21", 2), ("ltxv", 2))
     delta = R.subtract(R.model(str(first)), R.model(str(second)))
@@ -379,10 +377,9 @@ def test_unet_ranges_keep_the_zero_padding_and_bad_ranges_are_named(blocks):
 
 
 def test_a_wan_merge_takes_a_text_block_map_with_ranges(tmp_path):
+    from patchbay_merge import execute
+    from patchbay_merge import recipe as R
     from safetensors.torch import load_file
-
-    from merge import execute
-    from merge import recipe as R
 
     first, second = (tf.write(tmp_path / f"{n}.safetensors", "wan21", 30, seed=n) for n in (1, 2))
     alpha = R.literal({"blocks.0-9": 1.0, "blocks.2*": 0.0, "default": 0.5})  # ranges: any map takes them
@@ -412,7 +409,7 @@ def test_a_loaded_model_without_readable_shapes_is_placed_by_its_config_class(ar
 
 
 def test_mecha_dict_lines_take_ranges_and_are_written_back_as_blocks():
-    from merge import mecha_text
+    from patchbay_merge import mecha_text
 
     text = ('version 0.1.0\nmodel "a.safetensors"\nmodel "b.safetensors"\n'
             'dict double_blocks.0-2=0.5 single_blocks.*=1 default=0\nmerge "weighted_sum" &0 &1 alpha=&2')

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.t0
 
 @pytest.fixture(scope="module")
 def m():
-    from merge import grid
-    from merge import recipe as R
+    from patchbay_merge import grid
+    from patchbay_merge import recipe as R
 
     return type("M", (), {"grid": grid, "R": R})
 
@@ -87,10 +87,9 @@ def test_a_weighted_sum_that_gives_back_an_input_has_its_id_and_its_values(m, tm
     (weighted_sum returns a at alpha 0, lerp(a, a, w) is a); a key the preset sets to 1 has one id per
     alpha, and a + alpha * (b - a) as values."""
     import torch
+    from patchbay_merge.plan import MergeOptions
+    from patchbay_merge.session import MergeSession
     from safetensors.torch import save_file
-
-    from merge.plan import MergeOptions
-    from merge.session import MergeSession
 
     R = m.R
     inside = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"  # IN01
@@ -129,11 +128,10 @@ def test_a_declared_passes_input_decides_the_id_not_the_method_name(m, tmp_path)
     never passes; weighted_sum's ids and values agree at an alpha within is_close of 1 (both use its one
     declaration), and a declaration that is not a function is refused at registration."""
     import torch
+    from patchbay_merge import registry
+    from patchbay_merge.plan import MergeOptions
+    from patchbay_merge.session import MergeSession
     from safetensors.torch import save_file
-
-    from merge import registry
-    from merge.plan import MergeOptions
-    from merge.session import MergeSession
 
     key = "model.diffusion_model.output_blocks.2.0.weight"
     paths = []

@@ -18,7 +18,7 @@ SD15_LORAS = [f"patchbay-{kind}" for kind in ("lora-r4", "lora-r16", "locon-r4",
 
 @pytest.fixture(scope="module")
 def mio():
-    from merge import io
+    from patchbay_merge import io
 
     return io
 
@@ -101,7 +101,7 @@ def test_tiny_models_are_detected(mio, models):
 
 
 def test_tiny_sdxl_and_flux_models_and_their_loras(mio, models):
-    from merge import lora
+    from patchbay_merge import lora
 
     root = models.root / "diffusion_models"
     sdxl, flux = (mio.SafetensorsFile(root / f"patchbay-{n}-tiny.safetensors") for n in ("sdxl", "flux"))
@@ -225,7 +225,7 @@ def test_writer_removes_its_temporary_file_on_error_and_never_overwrites(mio, tm
 
 
 def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(mio, models):
-    from merge import lora
+    from patchbay_merge import lora
 
     base = mio.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
     for name in SD15_LORAS:
@@ -258,7 +258,7 @@ SD15_NAMES = {
 
 
 def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_has():
-    from merge import lora_keys
+    from patchbay_merge import lora_keys
 
     present = list(SD15_NAMES)
     for keys in (present, present[::2], present[1::2], present[-2:], [present[0], present[-2]]):
@@ -269,7 +269,7 @@ def test_sd15_diffusers_names_come_from_the_fixed_layout_whatever_blocks_a_file_
 
 
 def test_a_unet_that_does_not_fit_its_architecture_gets_its_own_layout():
-    from merge import lora_keys
+    from patchbay_merge import lora_keys
 
     # one resnet per level, two levels, attention in both (the tiny SD1.5 test UNet)
     blocks = {"input_blocks.1.0", "input_blocks.1.1", "input_blocks.2.0.op", "input_blocks.3.0",
@@ -281,7 +281,7 @@ def test_a_unet_that_does_not_fit_its_architecture_gets_its_own_layout():
 
 
 def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(tmp_path):
-    from merge import execute, recipe
+    from patchbay_merge import execute, recipe
 
     gen = torch.Generator().manual_seed(0)
     to_v = "output_blocks.11.1.transformer_blocks.0.attn2.to_v"
@@ -313,7 +313,7 @@ def test_a_lora_on_a_unet_only_file_with_blocks_missing_lands_on_the_right_keys(
 
 
 def test_a_lora_module_that_does_not_fit_its_key_is_one_clear_error(tmp_path):
-    from merge import execute, recipe
+    from patchbay_merge import execute, recipe
 
     key = "input_blocks.1.1.transformer_blocks.0.attn2.to_k"
     save_file({f"{key}.weight": torch.zeros(4, 768)}, str(tmp_path / "unet.safetensors"))

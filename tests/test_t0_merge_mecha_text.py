@@ -10,14 +10,14 @@ pytestmark = pytest.mark.t0
 
 @pytest.fixture(scope="module")
 def R():
-    from merge import recipe
+    from patchbay_merge import recipe
 
     return recipe
 
 
 @pytest.fixture(scope="module")
 def M():
-    from merge import mecha_text
+    from patchbay_merge import mecha_text
 
     return mecha_text
 

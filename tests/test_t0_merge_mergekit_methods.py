@@ -29,8 +29,8 @@ D1, D2, D3 = t(10, 12, seed=4), t(10, 12, seed=5), t(10, 12, seed=6)
 
 @pytest.fixture(scope="module")
 def ours():
-    from merge import registry
-    from merge.context import KeyContext
+    from patchbay_merge import registry
+    from patchbay_merge.context import KeyContext
 
     def call(name, *tensors, **scalars):
         return registry.get(name).fn(*tensors, **scalars, ctx=KeyContext(key=KEY, cache={}))
@@ -231,8 +231,8 @@ def test_breadcrumbs_densities_one_and_zero(ours):
 
 
 def test_della_matches_the_formula_with_the_same_keep_mask(ours):
-    from merge.context import KeyContext
-    from merge.methods import _util, sparse
+    from patchbay_merge.context import KeyContext
+    from patchbay_merge.methods import _util, sparse
 
     ctx = KeyContext(key=KEY, cache={})
     gen = _util.generator(ctx, 3, D1.device)
@@ -243,7 +243,7 @@ def test_della_matches_the_formula_with_the_same_keep_mask(ours):
 
 
 def test_della_keeps_large_magnitudes_more_often(ours):
-    from merge.methods import sparse
+    from patchbay_merge.methods import sparse
 
     rows = torch.arange(1.0, 201.0).repeat(200, 1)  # every row ranks its entries 1..200
     mask = sparse.della_mask(rows, 0.5, 0.3, torch.Generator().manual_seed(0))
@@ -270,11 +270,10 @@ SHAPES = {"model.diffusion_model.input_blocks.0.0.weight": (8, 4, 3, 3),
 
 
 def test_new_methods_merge_through_the_engine_and_round_trip_as_mecha_text(ours, tmp_path):
+    from patchbay_merge import mecha_text
+    from patchbay_merge import recipe as R
+    from patchbay_merge.execute import MergeOptions, merge
     from safetensors.torch import load_file, save_file
-
-    from merge import mecha_text
-    from merge import recipe as R
-    from merge.execute import MergeOptions, merge
 
     tensors = {}
     for name, seed in (("a", 7), ("b", 8), ("c", 9)):
@@ -298,8 +297,8 @@ def test_new_methods_merge_through_the_engine_and_round_trip_as_mecha_text(ours,
 
 
 def test_bad_parameters_are_refused_naming_the_value_and_the_fix(ours, tmp_path):
-    from merge import recipe as R
-    from merge.graph import RecipeError
+    from patchbay_merge import recipe as R
+    from patchbay_merge.graph import RecipeError
 
     d = R.model("d.safetensors", "delta")
     with pytest.raises(RecipeError, match=r"density.*1\.5.*outside \[0, 1\]"):

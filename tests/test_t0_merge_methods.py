@@ -12,14 +12,14 @@ pytestmark = pytest.mark.t0
 
 @pytest.fixture(scope="module")
 def m():
-    from merge import registry
+    from patchbay_merge import registry
 
     return registry.get
 
 
 @pytest.fixture(scope="module")
 def ctx():
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     def make(key="model.diffusion_model.input_blocks.1.0.weight", **kw):
         return KeyContext(key=key, cache={}, **kw)
@@ -236,7 +236,7 @@ def test_clamp(m, ctx):
 
 
 def test_dare_dropout_is_seeded_and_rescaled(m, ctx):
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     delta = torch.ones(2000)
     fn = m("ties_sum_with_dropout").fn
@@ -250,7 +250,7 @@ def test_dare_dropout_is_seeded_and_rescaled(m, ctx):
 
 
 def test_della_keeps_large_magnitudes_more_often(m, ctx):
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     delta = torch.linspace(0.01, 1.0, 4000)
     res = m("ties_sum_with_dropout").fn(delta, probability=0.5, della_eps=0.8, k=1.0, apply_stock=True,
@@ -260,7 +260,7 @@ def test_della_keeps_large_magnitudes_more_often(m, ctx):
 
 
 def test_dropout(m, ctx):
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     d1, d2 = torch.ones(4000), 3 * torch.ones(4000)
     res = m("dropout").fn(d1, d2, probability=0.5, rescale=1.0, ctx=KeyContext(seed=3))
@@ -271,7 +271,7 @@ def test_dropout(m, ctx):
 
 
 def test_overlapping_sets_pmf_is_a_distribution():
-    from merge.methods.dropout import overlapping_sets_pmf
+    from patchbay_merge.methods.dropout import overlapping_sets_pmf
 
     for overlap in (0.0, 0.3, 1.0, 1.5, 2.0):
         pmf = overlapping_sets_pmf(3, 0.4, overlap, 0.5)
@@ -320,7 +320,7 @@ def test_truncate_rank(m, ctx):
 
 
 def test_fallback_and_components(m, ctx):
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     assert m("fallback").accepts_missing
     assert m("fallback").fn(None, B, ctx=ctx()) is B and m("fallback").fn(A, B, ctx=ctx()) is A
@@ -337,7 +337,7 @@ def test_fallback_and_components(m, ctx):
 
 
 def test_methods_never_change_their_inputs(m, ctx):
-    from merge import registry
+    from patchbay_merge import registry
 
     for method in registry.all_methods():
         inputs = tuple(x.clone() for x in (A, B, C)[: len(method.inputs) + method.variadic])
@@ -353,7 +353,7 @@ def test_methods_never_change_their_inputs(m, ctx):
 def test_kth_smallest_magnitude_equals_kthvalue_on_large_tensors(case):
     """The radix pass behind TIES's and the slicing methods' thresholds gives torch.kthvalue's value
     exactly, above the size where it takes over (2**20 elements), at the ends and in the middle."""
-    from merge.methods._util import _RADIX_MIN, kth_smallest_magnitude
+    from patchbay_merge.methods._util import _RADIX_MIN, kth_smallest_magnitude
 
     gen = torch.Generator().manual_seed(7)
     n = _RADIX_MIN + 12344  # a multiple of 5: the input is taken as a matrix too
@@ -379,7 +379,7 @@ def test_kth_smallest_magnitude_equals_kthvalue_on_large_tensors(case):
 def test_ties_sum_of_deltas_that_are_all_zero_is_the_votes_zero_bit_for_bit():
     """All-zero deltas (a text encoder both fine-tunes left alone) skip the sort: the result is what the
     full vote gives (0 / n = +0.0 everywhere), byte for byte; one non-zero delta takes the full path."""
-    from merge.methods.ties import ties_sum, ties_sum_deltas  # the function itself, as declared
+    from patchbay_merge.methods.ties import ties_sum, ties_sum_deltas  # the function itself, as declared
 
     zeros = [torch.zeros(64, 32), torch.zeros(64, 32)]
     filtered, counts = ties_sum_deltas(zeros, 0.5, False)

@@ -21,7 +21,7 @@ Q = "blocks.1.self_attn.q"
 
 
 def test_a_peft_lora_in_comfyuis_names_is_a_delta_on_the_key_it_names(tmp_path):
-    from merge import io, lora
+    from patchbay_merge import io, lora
 
     base = io.SafetensorsFile(tf.write(tmp_path / "wan.safetensors", "wan21", 2))
     gen = torch.Generator().manual_seed(0)
@@ -38,7 +38,7 @@ def test_a_peft_lora_in_comfyuis_names_is_a_delta_on_the_key_it_names(tmp_path):
 
 
 def test_a_conv3d_delta_is_extracted_as_factors_of_its_shape():
-    from merge import extract
+    from patchbay_merge import extract
 
     delta = torch.randn((8, 16, 1, 2, 2), generator=torch.Generator().manual_seed(1))
     up, down, rank, error = extract.decompose(delta, 64, None)

@@ -12,14 +12,14 @@ pytestmark = pytest.mark.t0
 
 @pytest.fixture(scope="module")
 def R():
-    from merge import recipe
+    from patchbay_merge import recipe
 
     return recipe
 
 
 @pytest.fixture(scope="module")
 def reg():
-    from merge import registry
+    from patchbay_merge import registry
 
     return registry
 
@@ -237,7 +237,7 @@ def test_random_methods_are_declared_and_a_random_one_cannot_be_elementwise(reg)
 
 
 def test_fn_always_accepts_ctx(reg):
-    from merge.context import KeyContext
+    from patchbay_merge.context import KeyContext
 
     assert torch.equal(reg.get("subtract").fn(torch.ones(2), torch.ones(2), ctx=KeyContext()), torch.zeros(2))
 
@@ -266,7 +266,7 @@ def test_fn_always_accepts_ctx(reg):
     ("unknown", "model.diffusion_model.input_blocks.0.0.weight", None),
 ])
 def test_block_of(arch, key, block):
-    from merge import blocks
+    from patchbay_merge import blocks
 
     assert blocks.block_of(arch, key) == block
     if block is not None:
@@ -274,7 +274,7 @@ def test_block_of(arch, key, block):
 
 
 def test_block_counts_and_components():
-    from merge import blocks
+    from patchbay_merge import blocks
 
     assert len(blocks.block_names("sd15")) == 26
     assert len([b for b in blocks.block_names("sdxl") if b != "VAE"]) == 20
@@ -301,7 +301,7 @@ def test_deep_recipes_with_shared_parts_stay_fast(R):
     """Hash, equality, checks, bind and text are linear in a DAG whose parts are shared (not 2**depth)."""
     import time
 
-    from merge import mecha_text
+    from patchbay_merge import mecha_text
 
     def chain(depth):
         x, y = R.model("a"), R.model("b")
@@ -319,7 +319,7 @@ def test_deep_recipes_with_shared_parts_stay_fast(R):
 
 
 def test_check_map_refuses_entries_that_match_nothing():
-    from merge import blocks
+    from patchbay_merge import blocks
 
     entries = {"IN00": 1, "*.attn2.*": 0.5, "default": 0, "model.diffusion_model.out.2.weight": 1}
     blocks.check_map(entries, "sd15")

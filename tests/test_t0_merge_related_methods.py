@@ -38,8 +38,8 @@ def run_sd_mecha(node, dtype=torch.float32, space="weight") -> dict:
 
 def ours(name: str, state: dict, arch: str) -> dict:
     """Our method on every key of ``state``, each given the keys its ``related`` names."""
-    from merge import registry
-    from merge.context import KeyContext
+    from patchbay_merge import registry
+    from patchbay_merge.context import KeyContext
 
     method, keys = registry.get(name), frozenset(state)
     return {key: method.fn({k: state[k] for k in method.related(key, arch, keys)},
@@ -101,7 +101,7 @@ def test_sd_mecha_exchange_ema_merge_is_broken_in_1_1_8():
 
 
 def test_our_ema_names_are_those_of_sd_mechas_sd1_config():
-    from merge.methods.ema import ema_key
+    from patchbay_merge.methods.ema import ema_key
 
     config = sd_mecha.extensions.model_configs.resolve("sd1-ldm").keys()
     unet = [k for k in config if k.startswith("model.diffusion_model.")]
@@ -133,7 +133,7 @@ def sd15_file(path, seed):
 
 @pytest.fixture(scope="module")
 def m():
-    from merge import execute, recipe
+    from patchbay_merge import execute, recipe
 
     return type("M", (), {"execute": execute, "R": recipe})
 
@@ -181,8 +181,8 @@ def test_exchange_ema_swaps_each_unet_weight_with_its_copy(m, tmp_path):
 
 def test_lora_extraction_reads_the_other_keys_too(tmp_path):
     """merge/extract.py evaluates key by key with its own evaluator: it hands it the sources as well."""
-    from merge import extract
-    from merge import recipe as R
+    from patchbay_merge import extract
+    from patchbay_merge import recipe as R
 
     a = R.model(str(sd15_file(tmp_path / "a.safetensors", 1)))
     report = extract.extract_lora(R.subtract(R.balance_attention(a), a), tmp_path / "lora.safetensors",
@@ -202,7 +202,7 @@ def test_other_families_are_refused_with_the_supported_ones(m, tmp_path, method)
 
 
 def test_related_and_group_inputs_are_declared_together():
-    from merge import registry
+    from patchbay_merge import registry
 
     def plain(a):
         """Doc."""
@@ -223,8 +223,8 @@ def test_related_and_group_inputs_are_declared_together():
 
 
 def test_sd_mecha_text_names_the_implementation_and_reads_back_as_the_method(tmp_path):
-    from merge import mecha_text
-    from merge import recipe as R
+    from patchbay_merge import mecha_text
+    from patchbay_merge import recipe as R
 
     save_file({"model.diffusion_model.out.2.weight": torch.zeros(2)}, str(tmp_path / "x.safetensors"))
     x = sd_mecha.model(str(tmp_path / "x.safetensors"), config="sdxl-sgm")
@@ -244,7 +244,7 @@ def test_every_sd_mecha_builtin_a_recipe_can_name_is_ours_or_refused_with_a_reme
     """sd-mecha 1.1.8's registry, name by name: its method, the per-model implementation it dispatches to
     (read as ours), a format conversion (merge/mecha_text.py reads those), or one we left out, which
     parse refuses with what to write instead."""
-    from merge import mecha_text, registry
+    from patchbay_merge import mecha_text, registry
 
     ours_names = {m.name for m in registry.all_methods()}
     left_out = set()
@@ -264,9 +264,8 @@ def test_every_sd_mecha_builtin_a_recipe_can_name_is_ours_or_refused_with_a_reme
 
 def test_get_rank_from_ratio_feeds_truncate_rank_as_sd_mecha_does(m, tmp_path):
     """sd-mecha's text of truncate_rank(d, rank=get_rank_from_ratio(d, 0.4)) merges here to its numbers."""
+    from patchbay_merge import mecha_text
     from sd_mecha.extensions.builtin.merge_methods import linear, svd
-
-    from merge import mecha_text
 
     a, b = (t(12, 9, seed=s) for s in (1, 2))
     paths = [tmp_path / f"{n}.safetensors" for n in "ab"]
@@ -292,13 +291,13 @@ def test_get_rank_from_ratio_feeds_truncate_rank_as_sd_mecha_does(m, tmp_path):
 
 
 def ours_rank(tensor, ratio):
-    from merge import registry
+    from patchbay_merge import registry
 
     return registry.get("get_rank_from_ratio").fn(tensor, ratio=ratio, ctx=None)
 
 
 def test_one_value_per_key_is_no_tensor_and_fits_only_its_type():
-    from merge import recipe as R
+    from patchbay_merge import recipe as R
 
     d = R.subtract(R.model("a.safetensors"), R.model("b.safetensors"))
     rank = R.get_rank_from_ratio(d, ratio=0.25)

@@ -51,7 +51,7 @@ class Counting:
         self.files, self.reads = files, []
 
     def __call__(self, path: str):
-        from merge.sources import MemorySource, tensor_info
+        from patchbay_merge.sources import MemorySource, tensor_info
 
         if not path.startswith("mem:"):
             return self.files[path]
@@ -67,19 +67,19 @@ class Counting:
 
 
 def options(**kwargs):
-    from merge.execute import MergeOptions
+    from patchbay_merge.execute import MergeOptions
 
     return MergeOptions(progress=False, fsync=False, **kwargs)
 
 
 def recipe_of(alpha=0.3, first="mem:a"):
-    from merge import recipe as R
+    from patchbay_merge import recipe as R
 
     return R.weighted_sum(R.model(first), R.model("b"), alpha=alpha)
 
 
 def test_a_memory_source_merges_exactly_like_the_file_it_holds(files, tmp_path):
-    from merge.execute import merge
+    from patchbay_merge.execute import merge
 
     resolver = Counting(files)
     merge(recipe_of(first="mem:a"), tmp_path / "mem.safetensors", options(resolve=resolver))
@@ -94,7 +94,7 @@ def test_a_memory_source_merges_exactly_like_the_file_it_holds(files, tmp_path):
 
 
 def test_a_refusing_resolver_stops_before_any_output(files, tmp_path):
-    from merge.execute import merge
+    from patchbay_merge.execute import merge
 
     def refuse(path: str):
         raise ValueError(f"{path!r} is outside the model folders")
@@ -105,14 +105,14 @@ def test_a_refusing_resolver_stops_before_any_output(files, tmp_path):
 
 
 def test_memory_and_file_inputs_of_different_architectures_are_refused(files, tmp_path):
-    from merge import io
-    from merge.execute import merge
-    from merge.sources import MemorySource, tensor_info
+    from patchbay_merge import io
+    from patchbay_merge.execute import merge
+    from patchbay_merge.sources import MemorySource, tensor_info
 
     flux = {"model.diffusion_model.double_blocks.0.img_attn.qkv.weight": tensor_info(torch.float16, (9, 3))}
     odd = MemorySource("graph flux", flux, lambda key: torch.zeros(9, 3), fingerprint="flux")
     resolve = {"flux": odd, "b": files["b"]}.__getitem__
-    from merge import recipe as R
+    from patchbay_merge import recipe as R
 
     with pytest.raises(io.ModelFileError, match="graph flux: is a flux model but b.safetensors is sd15"):
         merge(R.weighted_sum(R.model("b"), R.model("flux")), tmp_path / "out.safetensors",
@@ -129,8 +129,8 @@ class DictSink:
 
 
 def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single_keys(files, tmp_path):
-    from merge.execute import merge
-    from merge.session import MergeSession
+    from patchbay_merge.execute import merge
+    from patchbay_merge.session import MergeSession
 
     merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=Counting(files), dtype="fp32"))
     written = load_file(str(tmp_path / "out.safetensors"))
@@ -149,10 +149,10 @@ def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single
 
 def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
     """What a recipe hook adds while sampling: inf or NaN raises, a blow-up is logged and listed."""
-    from merge import recipe as R
-    from merge import registry
-    from merge.checks import NonFiniteError
-    from merge.session import MergeSession
+    from patchbay_merge import recipe as R
+    from patchbay_merge import registry
+    from patchbay_merge.checks import NonFiniteError
+    from patchbay_merge.session import MergeSession
 
     with registry.scope():
         def times(a, *, factor: float = 1.0):
@@ -163,7 +163,7 @@ def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
         registry.merge_method(times)
         resolve = Counting(files)
         with MergeSession(R.call("times", R.model("a"), factor=1e6), options(resolve=resolve)) as session, \
-                caplog.at_level("WARNING", logger="merge.checks"):
+                caplog.at_level("WARNING", logger="patchbay_merge.checks"):
             session.evaluate(ATTN)
             assert [key for key, *_ in session.report.out_of_range] == [ATTN]
             assert f"{ATTN}: the merged values reach" in caplog.text
@@ -173,8 +173,8 @@ def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
 
 
 def test_a_cached_merge_reads_and_computes_nothing_and_writes_the_same_bytes(files, tmp_path):
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
     first = Counting(files)
@@ -191,8 +191,8 @@ def test_a_cached_merge_reads_and_computes_nothing_and_writes_the_same_bytes(fil
 
 
 def test_changing_one_block_recomputes_only_that_blocks_keys(files, tmp_path):
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
     blocks = {"IN00": 0.1, "IN01": 0.2, "default": 0.5}
@@ -209,10 +209,10 @@ def test_changing_one_block_recomputes_only_that_blocks_keys(files, tmp_path):
 
 
 def test_intermediates_and_method_caches_survive_a_change_of_the_outer_parameter(files, tmp_path):
-    from merge import recipe as R
-    from merge import registry
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge import recipe as R
+    from patchbay_merge import registry
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     calls, decompositions = [], []
     with registry.scope():
@@ -247,8 +247,8 @@ def test_intermediates_and_method_caches_survive_a_change_of_the_outer_parameter
 
 
 def test_a_changed_input_file_is_never_served_from_the_cache(files, tmp_path):
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
     merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
@@ -265,8 +265,8 @@ def test_a_changed_input_file_is_never_served_from_the_cache(files, tmp_path):
 
 def test_a_file_replaced_with_the_same_size_and_mtime_is_never_served_from_the_cache(files, tmp_path):
     """``cp -p`` / ``rsync -t`` keep size and modification time: the fingerprint must still change."""
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
     merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
@@ -284,7 +284,7 @@ def test_a_file_replaced_with_the_same_size_and_mtime_is_never_served_from_the_c
 
 
 def test_the_fingerprint_digests_the_header_and_samples_the_data_of_large_files(tmp_path):
-    from merge.fingerprint import BLOCK, SAMPLES, content_digest, file_fingerprint
+    from patchbay_merge.fingerprint import BLOCK, SAMPLES, content_digest, file_fingerprint
 
     header = b'{"w":{"dtype":"F16","shape":[2097152],"data_offsets":[0,4194304]}}'
     data = bytearray(len(header).to_bytes(8, "little") + header + bytes(4 * 2**20))
@@ -303,9 +303,9 @@ def test_the_fingerprint_digests_the_header_and_samples_the_data_of_large_files(
 
 
 def test_a_new_merge_seed_recomputes_only_what_a_random_method_makes(files, tmp_path):
-    from merge import recipe as R
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge import recipe as R
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
     plain = recipe_of(first="a")
@@ -323,9 +323,9 @@ def test_a_new_merge_seed_recomputes_only_what_a_random_method_makes(files, tmp_
 
 
 def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
-    from merge import recipe as R
-    from merge import registry
-    from merge.execute import merge
+    from patchbay_merge import recipe as R
+    from patchbay_merge import registry
+    from patchbay_merge.execute import merge
 
     seen: dict[str, set] = {"plain": set(), "drawn": set()}
     with registry.scope():
@@ -349,9 +349,9 @@ def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
 def test_a_cached_intermediate_that_is_an_input_unchanged_stays_right_after_later_keys(tmp_path):
     """rotate(a, b) with alignment 0 and alpha 0 returns a itself: the cache must keep its values, not a
     view of memory that later keys reuse (or a mapping of the file held open)."""
-    from merge import recipe as R
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge import recipe as R
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     files = {}
     for name, seed in (("a", 1), ("b", 2)):
@@ -372,7 +372,7 @@ def test_a_cached_intermediate_that_is_an_input_unchanged_stays_right_after_late
 
 
 def test_the_budget_keeps_the_current_run_and_evicts_older_runs_first():
-    from merge.cache import MergeCache
+    from patchbay_merge.cache import MergeCache
 
     kib = torch.zeros(256)  # 1 KiB
     cache = MergeCache(budget_mb=3 / 1024)
@@ -397,7 +397,7 @@ def test_entries_a_caller_keeps_are_not_evicted_for_others():
     """``put_copy(..., keep=ids)`` (Merge Grid: the results its later variants read): entries in ``keep``
     stay when a newcomer needs room, older ones outside it go first, and a newcomer that fits only by
     evicting kept entries is not stored, with nothing evicted for it; ``discard`` drops entries at once."""
-    from merge.cache import MergeCache
+    from patchbay_merge.cache import MergeCache
 
     kib = torch.zeros(256)  # 1 KiB
     cache = MergeCache(budget_mb=3 / 1024)
@@ -416,7 +416,7 @@ def test_entries_a_caller_keeps_are_not_evicted_for_others():
 
 
 def test_method_dicts_count_against_the_budget(files, tmp_path):
-    from merge.cache import MergeCache
+    from patchbay_merge.cache import MergeCache
 
     cache = MergeCache(budget_mb=1 / 1024)
     store = cache.method_store(("rotate", "a", "b"))
@@ -431,8 +431,8 @@ def test_method_dicts_count_against_the_budget(files, tmp_path):
 
 
 def test_check_stops_the_merge_with_no_file_left_and_the_cache_consistent(files, tmp_path):
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache, seen = MergeCache(budget_mb=64), []
 
@@ -456,8 +456,8 @@ def test_check_stops_the_merge_with_no_file_left_and_the_cache_consistent(files,
 def test_a_key_stopped_between_its_slices_is_merged_whole_by_the_next_run(files, tmp_path):
     """A key larger than the read budget streams in slices; stopped between two, it is not cached at all
     (not as a key the recipe dropped), so the next run with the cache writes it whole."""
-    from merge.cache import MergeCache
-    from merge.execute import merge
+    from patchbay_merge.cache import MergeCache
+    from patchbay_merge.execute import merge
 
     cache, seen = MergeCache(budget_mb=64), []
 
@@ -479,7 +479,7 @@ def test_a_key_stopped_between_its_slices_is_merged_whole_by_the_next_run(files,
 
 
 def test_check_runs_inside_long_elementwise_keys_and_progress_reaches_the_total(files, tmp_path):
-    from merge.execute import merge
+    from patchbay_merge.execute import merge
 
     checks, progress = [], []
     merge(recipe_of(), tmp_path / "out.safetensors",
@@ -494,8 +494,8 @@ def test_check_runs_inside_long_elementwise_keys_and_progress_reaches_the_total(
 def test_a_key_dropped_below_a_call_is_dropped_not_replaced_by_the_difference_beside_it(files, tmp_path):
     """add_difference(pick_component(a, "diffuser"), delta): the text encoder keys pick_component drops
     stay out of the output; the delta alone is no weight for them (it used to be passed through)."""
-    from merge import recipe as R
-    from merge.execute import merge
+    from patchbay_merge import recipe as R
+    from patchbay_merge.execute import merge
 
     clip_key = "cond_stage_model.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight"
     save_file({clip_key: torch.ones(4, 4), ATTN: torch.ones(8, 768)}, str(tmp_path / "d.safetensors"))

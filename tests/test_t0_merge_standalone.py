@@ -1,4 +1,4 @@
-"""T0: merge/ is a library of its own: README's import runs with only the pack folder on sys.path, the
+"""T0: merge/ is a library of its own: README's import runs with only devtools/standalone on sys.path, the
 built-in methods are all there or the import fails, elementwise methods are elementwise, and the
 CLI's defaults are MergeOptions'."""
 
@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 pytestmark = pytest.mark.t0
 
 ROOT = Path(__file__).resolve().parent.parent
-PACK_PACKAGES = ("comfy", "folder_paths", "nodes", "hooks", "patcher", "patchbay")
+PACK_PACKAGES = ("comfy", "folder_paths", "nodes", "hooks", "patcher", "patchbay", "merge")
 
 
 def readme_merge_example() -> str:
@@ -32,17 +32,18 @@ def run_isolated(code: str, cwd: Path) -> subprocess.CompletedProcess:
     return run_watched([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=cwd)
 
 
-def test_readme_import_merges_with_only_the_pack_folder_on_sys_path(tmp_path):
+def test_readme_import_merges_with_only_the_standalone_folder_on_sys_path(tmp_path):
     for name, seed in (("a", 1), ("b", 2)):
         gen = torch.Generator().manual_seed(seed)
         save_file({"model.diffusion_model.out.2.weight": torch.randn(4, 6, generator=gen)},
                   str(tmp_path / f"{name}.safetensors"))
     example = readme_merge_example()
-    assert "from merge import recipe" in example and "ComfyUI/custom_nodes/ComfyUI-Patchbay" in example
+    assert "from patchbay_merge import recipe" in example
+    assert "ComfyUI/custom_nodes/ComfyUI-Patchbay" in example
     code = example.replace("ComfyUI/custom_nodes/ComfyUI-Patchbay", str(ROOT)) + textwrap.dedent(f"""
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in {PACK_PACKAGES!r})
         assert not leaked, leaked
-        assert sys.modules["merge"].__path__ == [{str(ROOT / "merge")!r}]
+        assert sys.modules["patchbay_merge"].__path__ == [{str(ROOT / "merge")!r}]
     """)
     result = run_isolated(code, tmp_path)
     assert result.returncode == 0, result.stderr
@@ -54,11 +55,11 @@ def test_readme_import_merges_with_only_the_pack_folder_on_sys_path(tmp_path):
 def test_a_failing_builtin_method_module_fails_the_import_every_time(tmp_path):
     code = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(ROOT)!r})
-        sys.modules["merge.methods.ties"] = None  # as if ties.py raised on import
+        sys.path.insert(0, {str(ROOT / "devtools" / "standalone")!r})
+        sys.modules["patchbay_merge.methods.ties"] = None  # as if ties.py raised on import
         for attempt in range(2):
             try:
-                from merge import recipe
+                from patchbay_merge import recipe
             except ImportError as error:
                 print(error)
             else:
@@ -68,12 +69,12 @@ def test_a_failing_builtin_method_module_fails_the_import_every_time(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2 and all("the built-in merge methods failed to load" in line for line in lines)
-    assert "merge.methods.ties" in lines[0]
+    assert "patchbay_merge.methods.ties" in lines[0]
 
 
 def test_methods_flagged_elementwise_give_each_slice_of_their_whole_result():
-    from merge import registry
-    from merge.context import KeyContext
+    from patchbay_merge import registry
+    from patchbay_merge.context import KeyContext
 
     flagged = [m for m in registry.all_methods() if m.elementwise]
     assert {"weighted_sum", "add_difference", "n_average"} <= {m.name for m in flagged}
@@ -86,8 +87,8 @@ def test_methods_flagged_elementwise_give_each_slice_of_their_whole_result():
 
 
 def test_cli_merge_flags_default_to_merge_options():
-    from merge import cli
-    from merge.plan import MergeOptions
+    from patchbay_merge import cli
+    from patchbay_merge.plan import MergeOptions
 
     args = cli.build_parser().parse_args(["merge", "r.mecha", "out.safetensors"])
     defaults = MergeOptions()

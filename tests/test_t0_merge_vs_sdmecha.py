@@ -78,8 +78,8 @@ PAIRS = [("weighted_sum", "fp16"), ("add_difference", "fp32"), ("n_average", "fp
 
 @pytest.mark.parametrize(("name", "dtype"), PAIRS)
 def test_same_output_as_sdmecha(sd_mecha, models, tmp_path, name, dtype):
-    from merge import execute
-    from merge import recipe as R
+    from patchbay_merge import execute
+    from patchbay_merge import recipe as R
 
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
     theirs_recipe, ours_recipe = CASES[name]
@@ -103,9 +103,8 @@ def test_sdmecha_merges_our_written_recipe_text_to_our_output(sd_mecha, tmp_path
     """The .mecha text Patchbay writes (``show``, the output's metadata) is read by sd-mecha as meant:
     a block-weighted train difference merged by sd-mecha from that text equals Patchbay's merge."""
     import yaml
-
-    from merge import execute, io, mecha_text
-    from merge import recipe as R
+    from patchbay_merge import execute, io, mecha_text
+    from patchbay_merge import recipe as R
 
     config = Path(sd_mecha.__path__[0]) / "extensions/builtin/model_configs/sd1-ldm.yaml"
     unet = yaml.safe_load(config.read_text())["components"]["diffuser"]

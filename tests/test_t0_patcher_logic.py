@@ -32,13 +32,12 @@ def pure(pack):
 def test_pure_modules_import_no_comfy():
     """calls, ordering, signatures, steps, errors and trace import without ComfyUI (fresh interpreter)."""
     code = (
-        "import sys, types; p = types.ModuleType('patchbay'); p.__path__ = [sys.argv[1]]; "
-        "sys.modules['patchbay'] = p; "
+        "import sys; sys.path.insert(0, sys.argv[1]); "  # devtools/standalone: the name patchbay, as in T0
         "from patchbay.patcher import calls, errors, ordering, signatures, steps, trace; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'torch')); "
         "assert not bad, bad"
     )
-    run_watched([sys.executable, "-c", code, str(ROOT)], check=True)
+    run_watched([sys.executable, "-c", code, str(ROOT / "devtools" / "standalone")], check=True)
 
 
 # ---- calls: core's arguments by name ----------------------------------------------------------------

@@ -22,7 +22,6 @@ wide, and Cosmos Predict2's 10 blocks): they are not collected on 0.3.75.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import arch_sampling
 import pytest
@@ -61,7 +60,7 @@ def dits(comfy) -> Models:
 
 @pytest.fixture(scope="module")
 def engine(comfy):
-    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+    return comfy.pack.hooks.enable
 
 
 def sample(family, model, positive=None, negative=None, hooks=None) -> torch.Tensor:
@@ -220,7 +219,7 @@ def test_a_lora_of_another_size_is_refused_not_silently_skipped(comfy, dits, eng
     """Bad input (issue 31): LoraLoader skips each misfitting patch with a log line, so the LoRA does
     nothing; Fast Hooks stops with an error naming the weight, both shapes and the fix, before a step
     runs, and Patchbay's LoRA nodes refuse it when they load it."""
-    lora_hooks = sys.modules[comfy.pack.__name__ + ".hooks.lora_hooks"]
+    lora_hooks = comfy.pack.hooks.lora_hooks
     wide = _wider_wan()
     lora = tiny_dits.lora(wide, tiny_dits.load(wide))
     family, model, _ = dits.get("wan22_5b")
@@ -236,7 +235,7 @@ def test_a_lora_of_another_size_is_refused_not_silently_skipped(comfy, dits, eng
 
 def _flux1_lora_on_flux2_is_refused(comfy, dits, engine):
     """The tiny Flux.1's kohya LoRA (3072 wide) names Flux.2's blocks: refused, not a silent no-op."""
-    lora_hooks = sys.modules[comfy.pack.__name__ + ".hooks.lora_hooks"]
+    lora_hooks = comfy.pack.hooks.lora_hooks
     lora = arch_sampling.lora_state_dict("patchbay-flux-kohya-r8.safetensors")
     family, model, _ = dits.get("flux2")
     message = r"do not fit this model \(Flux2\) \(diffusion_model\.double_blocks\.0\."

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 
 import arch_sampling
 import pytest
@@ -83,7 +82,7 @@ def dits(comfy) -> Models:
 
 @pytest.fixture(scope="module")
 def engine(comfy):
-    return sys.modules[comfy.pack.__name__ + ".hooks.enable"]
+    return comfy.pack.hooks.enable
 
 
 def sample(family, model, hooks=None) -> torch.Tensor:
@@ -156,7 +155,7 @@ BLOCK_IDS = [case for case in BLOCK_CASES if case[0] in FAMILIES]
 def block_map_diff(comfy, engine, family, model, lora, case) -> tuple[float, float]:
     """(max |Fast Hooks with the ``case``'s block map - LoraLoader on those blocks|, the LoRA's effect):
     the zeroed blocks' tensors left out, the halved ones loaded by a second LoraLoader at half strength."""
-    blocks = sys.modules[comfy.pack.__name__ + ".nodes.hook_blocks"]
+    blocks = comfy.pack.nodes.hook_blocks
     table_id, text, zeroed, halved = case
     assert blocks.model_blocks(model)[0] == table_id, "the architecture table detects another family"
     rest = {k: v for k, v in lora.items() if not k.startswith(zeroed + halved)}

@@ -73,11 +73,12 @@ def test_full_rank_node_output_patches_what_the_whole_stack_patches(comfy, model
         torch.testing.assert_close(got[key], delta, rtol=0, atol=2e-5 * delta.abs().max().item(), msg=key)
 
 
-def test_truncated_stack_is_within_the_reported_error_module_by_module(comfy, models, stacked, tmp_path):
+def test_truncated_stack_is_within_the_reported_error_module_by_module(merge_library, comfy, models, stacked,
+                                                                        tmp_path):
     import comfy.lora
     import comfy.sd
 
-    from merge import lora_stack as ls
+    ls = merge_library.lora_stack
 
     model, clip, deltas = stacked
     want = deltas[len(STACK)]
@@ -119,13 +120,13 @@ def test_node_refuses_bad_lines_misspelt_names_and_paths_out_of_the_loras_folder
     assert sorted(folder.iterdir()) == before
 
 
-def test_sdxl_stack_patches_what_loraloader_patches(comfy, models, tmp_path):
+def test_sdxl_stack_patches_what_loraloader_patches(merge_library, comfy, models, tmp_path):
     """SDXL (LDM kohya names, LoCon convolutions, UNet only): the LoCon at 0.7 and again at -0.3 merged at
     its own rank 8 adds what LoraLoaderModelOnly adds with both, and the two are reported opposed."""
     import arch_sampling
     from comfy import sd as comfy_sd
 
-    from merge import lora_stack as ls
+    ls = merge_library.lora_stack
 
     base = arch_sampling.shared_model("sdxl")
     name = models.loras["patchbay-sdxl-locon-r8"].name

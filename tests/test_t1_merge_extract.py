@@ -23,10 +23,11 @@ RANK = 8
 
 
 @pytest.fixture(scope="module")
-def extracted(comfy, models, tmp_path_factory):
+def extracted(merge_library, comfy, models, tmp_path_factory):
     """(LoRA path, deltas) for subtract(tuned, base) over a few keys of tiny checkpoint a."""
-    from merge import extract, io
-    from merge import recipe as R
+    extract = merge_library.extract
+    io = merge_library.io
+    R = merge_library.recipe
 
     folder = tmp_path_factory.mktemp("extract")
     checkpoint = io.SafetensorsFile(models.checkpoints["patchbay-sd15-tiny-a"])
@@ -79,14 +80,14 @@ def test_extracted_lora_loads_without_warnings_and_adds_the_truncated_delta(comf
             assert abs((added - delta).norm().item() / scale - expected) < 2e-3, key
 
 
-def test_extracted_lokr_loads_without_warnings_and_adds_the_nearest_kronecker_product(comfy, extracted,
-                                                                                     caplog):
+def test_extracted_lokr_loads_without_warnings_and_adds_the_nearest_kronecker_product(merge_library, comfy,
+                                                                                     extracted, caplog):
     """``kronecker_ratio`` writes a LoKr (lokr_w1, lokr_w2): ComfyUI adds kron(w1, w2), which is
     ``truncate_kronecker`` of each delta (exact SVD, same ratio)."""
-    from merge import extract
-    from merge import recipe as R
-    from merge.context import KeyContext
-    from merge.registry import get
+    extract = merge_library.extract
+    R = merge_library.recipe
+    KeyContext = merge_library.context.KeyContext
+    get = merge_library.registry.get
 
     path, deltas = extracted
     folder, lokr = path.parent.parent, path.with_name("patchbay-extracted-lokr.safetensors")
@@ -133,9 +134,10 @@ def tiny_a(comfy):
 
 
 @pytest.mark.parametrize("stem", SD15_LORAS)
-def test_lora_inputs_add_what_loraloader_adds(comfy, models, tiny_a, stem):
+def test_lora_inputs_add_what_loraloader_adds(merge_library, comfy, models, tiny_a, stem):
     """merge/lora.py's delta equals ComfyUI's own patch at strength 1 (every 6th key it touches)."""
-    from merge import io, lora
+    io = merge_library.io
+    lora = merge_library.lora
 
     checkpoint = models.checkpoints["patchbay-sd15-tiny-a"]
     source = lora.LoraSource(io.SafetensorsFile(models.loras[stem]), io.SafetensorsFile(checkpoint))
@@ -154,7 +156,7 @@ def test_lora_inputs_add_what_loraloader_adds(comfy, models, tiny_a, stem):
 
 
 @pytest.mark.parametrize(("config", "arch", "count"), [("sd1-ldm", "sd15", 782), ("sdxl-sgm", "sdxl", 2102)])
-def test_kohya_names_equal_comfyuis_whole_unet_map(comfy, config, arch, count):
+def test_kohya_names_equal_comfyuis_whole_unet_map(merge_library, comfy, config, arch, count):
     """merge/lora_keys.py's fixed layouts give ComfyUI's own kohya map (``model_lora_keys_unet`` on the
     config ComfyUI detects), name for name, for every weight of the real SD1.5 and SDXL UNets (key
     names and shapes from sd-mecha's model configs, as meta tensors: nothing is allocated)."""
@@ -166,7 +168,8 @@ def test_kohya_names_equal_comfyuis_whole_unet_map(comfy, config, arch, count):
     import sd_mecha
     import yaml
 
-    from merge import io, lora_keys
+    io = merge_library.io
+    lora_keys = merge_library.lora_keys
 
     spec = Path(sd_mecha.__path__[0]) / f"extensions/builtin/model_configs/{config}.yaml"
     unet = yaml.safe_load(spec.read_text())["components"]["diffuser"]

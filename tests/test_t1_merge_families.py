@@ -46,17 +46,14 @@ def _comfy_class(state_dict: dict, prefix: str) -> str | None:
     return None if config is None else type(config).__name__
 
 
-def test_the_expectations_cover_every_module_named_family():
-    from merge import architectures
-
-    assert set(COMFY_CLASSES) == {f.id for f in architectures.FAMILIES if not f.unet}
+def test_the_expectations_cover_every_module_named_family(merge_library):
+    assert set(COMFY_CLASSES) == {f.id for f in merge_library.architectures.FAMILIES if not f.unet}
 
 
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["diffusion-model", "checkpoint"])
-def test_comfyui_detects_each_tiny_family_file_as_the_table_says(comfy, checkpoint):
+def test_comfyui_detects_each_tiny_family_file_as_the_table_says(comfy, merge_library, checkpoint):
+    io = merge_library.io
     import comfy.supported_models
-
-    from merge import io
 
     prefix = "model.diffusion_model." if checkpoint else ""
     for family, classes in COMFY_CLASSES.items():
@@ -68,8 +65,8 @@ def test_comfyui_detects_each_tiny_family_file_as_the_table_says(comfy, checkpoi
     assert _comfy_class(tf.state_dict("unknown"), "") is None
 
 
-def test_comfyui_and_the_table_agree_on_the_tiny_unets(comfy, models):
-    from merge import io
+def test_comfyui_and_the_table_agree_on_the_tiny_unets(merge_library, models):
+    io = merge_library.io
 
     files = {
         "sd15": models.checkpoints["patchbay-sd15-tiny-a"],

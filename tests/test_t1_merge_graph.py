@@ -100,8 +100,9 @@ def test_a_graph_model_enters_with_its_patches_and_stays_untouched(comfy, node, 
     assert weights_digest(core.a) == digest
 
 
-def test_save_writes_the_bytes_the_command_line_writes_for_the_same_recipe(node, models, tmp_path):
-    from merge import cli
+def test_save_writes_the_bytes_the_command_line_writes_for_the_same_recipe(merge_library, node, models,
+                                                                         tmp_path):
+    cli = merge_library.cli
 
     a, b = checkpoints(node, CKPT_A, CKPT_B)
     (blocks,) = node("PatchbayMergeKeyPatterns").make("IN01=0.2, OUT*=0.9, default=0.5", "sd15")
@@ -121,9 +122,7 @@ def test_save_writes_the_bytes_the_command_line_writes_for_the_same_recipe(node,
     assert status == 0
     saved = open(path, "rb").read()  # noqa: SIM115 - read once
     assert saved == (tmp_path / "cli.safetensors").read_bytes()
-    from merge import io
-
-    header = io.SafetensorsFile(path)
+    header = merge_library.io.SafetensorsFile(path)
     assert header.metadata["patchbay.recipe"].startswith("version 0.1.0") and header.unet_only is False
     assert all(key.startswith(UNET) for key in header.tensors)
 

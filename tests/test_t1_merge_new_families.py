@@ -156,8 +156,10 @@ def test_weighted_sum_is_the_familys_model_with_the_blend(files, node, name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_a_block_map_over_the_blocks_counted_from_the_file_sets_each_blocks_alpha(comfy, files, node, name):
-    from merge import blocks, io
+def test_a_block_map_over_the_blocks_counted_from_the_file_sets_each_blocks_alpha(merge_library, comfy, files,
+                                                                                    node, name):
+    blocks = merge_library.blocks
+    io = merge_library.io
 
     family = files.families[name]
     opened = io.SafetensorsFile(files.model(name, "a"))
@@ -166,7 +168,7 @@ def test_a_block_map_over_the_blocks_counted_from_the_file_sets_each_blocks_alph
     ta, tb = files.tensors(name, "a"), files.tensors(name, "b")
     names = blocks.block_names(arch, opened.canonical_keys())
     if family.unet:  # sd-mecha's fixed names (IN00, M00, OUT00, ...): those the file's keys fall in
-        indexed = [n for n in names if n in {_unet_block(arch, key) for key in ta}]
+        indexed = [n for n in names if n in {_unet_block(blocks, arch, key) for key in ta}]
         assert set(indexed) >= {"IN00", "IN01", "M00", "OUT00", "OUT01"}, indexed
     else:
         indexed = sorted({f"{m[1]}.{m[2]}" for m in map(_INDEXED.match, ta) if m})
@@ -183,17 +185,16 @@ def test_a_block_map_over_the_blocks_counted_from_the_file_sets_each_blocks_alph
 
     def alpha(key: str) -> float:
         if family.unet:
-            return alphas.get(_unet_block(arch, key), 0.05)
+            return alphas.get(_unet_block(blocks, arch, key), 0.05)
         match = _INDEXED.match(key)
         return alphas[f"{match[1]}.{match[2]}"] if match else 0.05
     assert_close(weights(model), {k: ta[k] + alpha(k) * (tb[k] - ta[k]) for k in ta}, f"{name} block map")
     samples(model, family)
 
 
-def _unet_block(arch: str, key: str) -> str:
-    """The sd-mecha block of a diffusion-model key of a UNet file (``input_blocks.1.0...`` -> IN01)."""
-    from merge import blocks
-
+def _unet_block(blocks, arch: str, key: str) -> str:
+    """The sd-mecha block (``blocks``: merge/blocks.py) of a diffusion-model key of a UNet file
+    (``input_blocks.1.0...`` -> IN01)."""
     return blocks.block_of(arch, "model.diffusion_model." + key)
 
 
@@ -240,8 +241,8 @@ def test_a_lora_extracted_at_full_rank_turns_a_into_b(comfy, files, node, name):
     samples(model, family)
 
 
-def test_the_command_line_merges_wan21_as_the_merge_node_does(comfy, files, node, tmp_path):
-    from merge import cli
+def test_the_command_line_merges_wan21_as_the_merge_node_does(merge_library, comfy, files, node, tmp_path):
+    cli = merge_library.cli
 
     name, family = "wan21", files.families["wan21"]
     recipe = tmp_path / "wan.mecha"
