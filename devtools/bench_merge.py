@@ -18,7 +18,9 @@ Contenders, interleaved per round, each in its own subprocess (``--probe``) so t
             fsynced: the I/O a merge cannot avoid
   patchbay  merge.execute.merge with its defaults (1 math thread, reader and writer threads, fsync)
   sdmecha   sd_mecha.merge(recipe, output=path, merge_dtype=fp32, output_dtype=fp16), its defaults
-Medians over rounds are reported; ``max_abs_diff_vs_sdmecha`` compares the two outputs key by key.
+Medians over rounds are reported (pb/floor: of the medians; paired: the median of each round's
+patchbay / floor, which a machine's drift between rounds moves less); ``max_abs_diff_vs_sdmecha``
+compares the two outputs key by key.
 The page cache is warm (inputs are read once before timing). Timings on a shared 2-core machine
 are noisy: read the ratios.
 """
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure_inputs(max(RECIPES.values()))
     contenders = [c for c in CONTENDERS if not (args.no_sdmecha and c == "sdmecha")]
     results: dict[str, dict] = {}
+    paired: dict[str, float | None] = {}  # median over rounds of patchbay / floor within the round
     out_dir = BENCH_DIR / "out"
     out_dir.mkdir(exist_ok=True)
     print(f"{'recipe':<18}{'contender':<10}{'round':>6}{'seconds':>9}{'peak RSS MB':>13}", flush=True)
@@ -258,15 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {f"{c}_s": statistics.median(times[c]) if times[c] else None for c in contenders}
         results[name]["patchbay_peak_rss_mb"] = max(rss["patchbay"]) if rss["patchbay"] else None
         results[name]["max_abs_diff_vs_sdmecha"] = diff
+        pairs = list(zip(times["patchbay"], times["floor"], strict=False))
+        paired[name] = statistics.median(p / f for p, f in pairs) if pairs else None
         for path in out_dir.iterdir():
             path.unlink()
     print()
-    print(f"{'recipe':<18}{'patchbay s':>11}{'sd-mecha s':>11}{'floor s':>9}{'pb/floor':>9}{'RSS MB':>8}"
-          f"{'max diff':>10}")
+    print(f"{'recipe':<18}{'patchbay s':>11}{'sd-mecha s':>11}{'floor s':>9}{'pb/floor':>9}{'paired':>8}"
+          f"{'RSS MB':>8}{'max diff':>10}")
     for name, row in results.items():
         ratio = (row["patchbay_s"] / row["floor_s"]) if row.get("patchbay_s") and row.get("floor_s") else None
         print(f"{name:<18}{_fmt(row.get('patchbay_s')):>11}{_fmt(row.get('sdmecha_s')):>11}"
-              f"{_fmt(row.get('floor_s')):>9}{_fmt(ratio):>9}{_fmt(row.get('patchbay_peak_rss_mb'), 0):>8}"
+              f"{_fmt(row.get('floor_s')):>9}{_fmt(ratio):>9}{_fmt(paired.get(name)):>8}"
+              f"{_fmt(row.get('patchbay_peak_rss_mb'), 0):>8}"
               f"{_fmt(row.get('max_abs_diff_vs_sdmecha'), 6):>10}")
     print(json_line(results))
     return 0

@@ -36,6 +36,11 @@ def magnitude(tensor: torch.Tensor) -> float:
     return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
 
 
+def larger(a: float, b: float) -> float:
+    """The larger of two magnitudes, NaN if either is (Python's ``max`` depends on the order for NaN)."""
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
+
+
 def all_finite(tensor: torch.Tensor) -> bool:
     return math.isfinite(magnitude(tensor))
 
@@ -48,16 +53,18 @@ def known_magnitude(raw: list) -> float:
 
 
 def check_output(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report: MergeReport, sources: list,
-                 known: float) -> torch.Tensor:
+                 known: float, size: float | None = None) -> torch.Tensor:
     """``out`` (one key's finished output, as it will be written) after the checks of the module
-    docstring; ``known`` bounds the inputs' largest magnitude from below (``known_magnitude``). The
+    docstring; ``known`` bounds the inputs' largest magnitude from below (``known_magnitude``); ``size`` is
+    ``magnitude(out)`` where the evaluator measured it while writing ``out`` (None: measured here). The
     pipeline runs it in its writer thread before the key is written or cached (and, for the keys
     already handed over when a merge stops, in the calling thread before they are cached).
 
     A broken merge is worse than an error when its values are finite: model_stock's degenerate cases once
     wrote +-3.4e38 into 1x1 convolutions, a model that loads and samples NaN. So each output key is
-    checked in one pass over the tensor as written (``torch.aminmax``, which propagates NaN), in the
-    pipeline's writer thread, before the key is written or cached (the calling thread computes meanwhile):
+    checked over the tensor as written (``torch.aminmax``, which propagates NaN) before the key is written
+    or cached: an elementwise key's magnitude is measured by the evaluator slice by slice as it writes
+    them (merge/stream.py), any other key's in one pass here, in the pipeline's writer thread:
 
     - inf or NaN: ``MergeOptions.nonfinite`` "error" raises ``NonFiniteError`` (naming the key and whether
       an input file or the recipe made it), "warn" lists the key in ``MergeReport.nonfinite``;
@@ -69,7 +76,7 @@ def check_output(out: torch.Tensor, plan: KeyPlan, options: MergeOptions, report
 
     ``stream_warnings(report)`` turns both lists into the report's warnings once streaming is done.
     """
-    size = magnitude(out)
+    size = magnitude(out) if size is None else size
     if not math.isfinite(size):
         if options.nonfinite == "error":
             raise NonFiniteError(plan.key, nonfinite_origin(sources, plan))

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from .checks import check_output, known_magnitude
+from .checks import check_output, known_magnitude, larger
 from .context import KeyContext
 from .io import ALIGN
 from .plan import cache_salt
@@ -127,9 +127,9 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, r
         spill.rewind()
     out_buffer = pipe.take_out_buffer()
     if unit.sliced:
-        result = _compute_slice(evaluator, graph, unit, raw, out_buffer, options, report)
+        result, size = _compute_slice(pipe, evaluator, graph, unit, raw, out_buffer, options, report)
     else:
-        result = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
+        result, size = compute_key(evaluator, graph, plan, raw, out_buffer, options, report)
     known = known_magnitude(raw) if result is not None and plan.passthrough is None else 0.0
     pipe.release(raw)
     if result is None:
@@ -145,7 +145,7 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, r
     keep = cache is not None and (options.cache_keep is None or ident in options.cache_keep)
 
     def checked(out: torch.Tensor) -> None:  # in the writer thread: checked, then cached, then written
-        check_output(out, plan, options, report, evaluator.sources, known)
+        check_output(out, plan, options, report, evaluator.sources, known, size)
         if keep:
             cache.put_copy(ident, out, keep=options.cache_keep)
 
@@ -211,47 +211,51 @@ def _unit_bytes(sources: list, unit: Unit) -> int:
     return max(total, ALIGN)
 
 
-def _compute_slice(evaluator: Evaluator, graph: Graph, unit: Unit, raw: list, out_buffer: torch.Tensor,
-                   options: MergeOptions, report: MergeReport) -> torch.Tensor | None:
-    """Evaluate one slice into the key's output buffer; the finished key once its last slice is in."""
+def _compute_slice(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, raw: list,
+                   out_buffer: torch.Tensor, options: MergeOptions, report: MergeReport
+                   ) -> tuple[torch.Tensor | None, float | None]:
+    """Evaluate one slice into the key's output buffer; the finished key (and its largest magnitude) once
+    its last slice is in, (None, None) before."""
     plan = unit.plan
     numel = math.prod(plan.shape)
     out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
     ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
-    evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
-    return out.view(plan.shape) if unit.end == numel else None
+    size = evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
+    pipe.slices_size = larger(pipe.slices_size, size) if unit.start else size
+    return (out.view(plan.shape), pipe.slices_size) if unit.end == numel else (None, None)
 
 
 def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
-                options: MergeOptions, report: MergeReport) -> torch.Tensor | None:
-    """Evaluate one whole key into ``out_buffer``; returns the typed output view (None: key dropped)."""
+                options: MergeOptions, report: MergeReport) -> tuple[torch.Tensor | None, float | None]:
+    """Evaluate one whole key into ``out_buffer``: the typed output view (None: key dropped), and its
+    largest magnitude where the evaluator measured it as it wrote (elementwise keys; None otherwise)."""
     ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
     if plan.passthrough is not None:  # not float: copied, unless the recipe drops the key
         if _dropped(evaluator, graph, raw, ctx):
             report.skipped.append(plan.key)
-            return None
+            return None, None
         source = raw[plan.passthrough]
         out = out_buffer[: source.numel() * source.element_size()].view(source.dtype).view(source.shape)
-        return out.copy_(source)
+        return out.copy_(source), None
     numel = math.prod(plan.shape)
     shapes = {tuple(r.shape) for r in raw if r is not None}
     complete = all(r is not None or s.space == "delta" for r, s in zip(raw, evaluator.sources, strict=True))
     if (options.device == "cpu" and complete and len(shapes) == 1
             and next(iter(shapes)) == plan.shape and chunkable(graph.root)):
         out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
-        evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
-        return out.view(plan.shape)
+        size = evaluator.evaluate_chunked(graph.root, raw, ctx, out, options.chunk_elements)
+        return out.view(plan.shape), size
     # fp32 copies, never views of the inputs: a method may return an input unchanged, and what the cache
     # keeps must not hold a file mapping (nor its descriptor) open
     leaves = [None if r is None else r.to(options.device, torch.float32, copy=True) for r in raw]
     result = evaluator.evaluate(graph.root, leaves, ctx)
     if result is None:
         report.skipped.append(plan.key)
-        return None
+        return None, None
     size = result.numel() * plan.dtype.itemsize
     if size > out_buffer.numel():
         out_buffer = torch.empty(size, dtype=torch.uint8)
-    return out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result)
+    return out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result), None
 
 
 def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> bool:
@@ -289,6 +293,7 @@ class _Pipeline:
         self.writer_thread = threading.Thread(target=self._write_all, name="patchbay-merge-writer",
                                               daemon=True)
         self._pending_out: torch.Tensor | None = None
+        self.slices_size = 0.0  # the largest magnitude of the sliced key being evaluated, so far
         self.main = threading.current_thread()
         # the threads work in the caller's inference mode (ComfyUI runs nodes under torch.inference_mode:
         # a model built there has inference tensors, which only code in inference mode may write)

@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 
+from .checks import larger, magnitude
 from .context import KeyContext
 from .io import ALIGN
 from .steps import Call, Graph, Leaf
 
 SPLIT_SLICES = 8  # slices per worker below which a key is evaluated in one span (a hand-off costs ~0.1 ms)
+CHECK_SLICES = 16  # slices written between two magnitude passes: 1 Mi elements, still in the CPU's cache
 
 
 class MethodError(ValueError):
@@ -147,9 +149,12 @@ class Evaluator:
 
     # -- elementwise slices -------------------------------------------------------------------------
 
-    def evaluate_chunked(self, root: Any, raw: list, ctx: KeyContext, out: torch.Tensor, chunk: int) -> None:
+    def evaluate_chunked(self, root: Any, raw: list, ctx: KeyContext, out: torch.Tensor, chunk: int) -> float:
         """Evaluate an elementwise tree slice by slice into ``out`` (flat, output dtype); a key of at
-        least ``SPLIT_SLICES`` slices per worker is cut into spans evaluated side by side."""
+        least ``SPLIT_SLICES`` slices per worker is cut into spans evaluated side by side. Returns the
+        largest magnitude written (merge/checks.py ``magnitude``: NaN if a NaN was), measured while the
+        slices just written are still in the CPU's cache, so the output checks need no pass of their own.
+        """
         prepared: dict[int, tuple[dict, KeyContext]] = {}
         leaf_count = self._prepare(root, ctx, prepared)
         flat = [0.0 if r is None else r.reshape(-1) for r in raw]  # None: a delta source without the key
@@ -161,8 +166,8 @@ class Evaluator:
             while len(buffers) < leaf_count:
                 buffers.append(torch.empty(chunk, dtype=torch.float32))
         if spans == 1:
-            self._evaluate_span(root, flat, prepared, out, 0, total, chunk, self._chunk_buffers[0], ctx.key)
-            return
+            return self._evaluate_span(root, flat, prepared, out, 0, total, chunk, self._chunk_buffers[0],
+                                       ctx.key)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers - 1, thread_name_prefix="patchbay-merge-math")
         inference = torch.is_inference_mode_enabled()
@@ -170,20 +175,24 @@ class Evaluator:
                                      bounds[i], bounds[i + 1], chunk, self._chunk_buffers[i], ctx.key)
                    for i in range(1, spans)]
         try:
-            self._evaluate_span(root, flat, prepared, out, bounds[0], bounds[1], chunk,
-                                self._chunk_buffers[0], ctx.key)
+            size = self._evaluate_span(root, flat, prepared, out, bounds[0], bounds[1], chunk,
+                                       self._chunk_buffers[0], ctx.key)
         finally:  # the other spans finish (or fail) before their buffers or inputs can be reused
             errors = [f.exception() for f in futures]
         for error in errors:
             if error is not None:
                 raise error
+        for future in futures:
+            size = larger(size, future.result())
+        return size
 
-    def _evaluate_span_in_mode(self, inference: bool, *args: Any) -> None:
+    def _evaluate_span_in_mode(self, inference: bool, *args: Any) -> float:
         with torch.inference_mode(inference):  # as the calling thread (ComfyUI runs nodes in it)
-            self._evaluate_span(*args)
+            return self._evaluate_span(*args)
 
     def _evaluate_span(self, root: Any, flat: list, prepared: dict, out: torch.Tensor, begin: int, stop: int,
-                       chunk: int, buffers: list[torch.Tensor], key: str) -> None:
+                       chunk: int, buffers: list[torch.Tensor], key: str) -> float:
+        size, measured = 0.0, begin
         for number, start in enumerate(range(begin, stop, chunk)):
             if self.check is not None and number % 64 == 63:
                 self.check()
@@ -192,6 +201,9 @@ class Evaluator:
             if result.numel() != end - start:
                 raise RuntimeError(f"{key}: an elementwise method changed the element count")
             out[start:end].copy_(result.reshape(-1))
+            if number % CHECK_SLICES == CHECK_SLICES - 1 or end == stop:
+                size, measured = larger(size, magnitude(out[measured:end])), end
+        return size
 
     def _prepare(self, step: Any, ctx: KeyContext, prepared: dict) -> int:
         if isinstance(step, Leaf):

@@ -323,6 +323,64 @@ def test_nonfinite_values_of_an_input_file_are_blamed_on_that_file(m, abc, tmp_p
     assert "at the first, it comes from the input file nan.safetensors" in report.warnings[-1]
 
 
+WIDE = "model.diffusion_model.out.2.weight"  # 300 x 70 = 21000 elements: 329 slices of 64
+
+
+@pytest.mark.parametrize("budget", [1024, 0], ids=["whole-keys", "sliced-units"])
+@pytest.mark.parametrize("where", [0, 10_499, 20_999], ids=["first", "middle", "last"])
+def test_elementwise_keys_are_checked_as_written_in_every_span_and_slice(m, tmp_path, budget, where):
+    """An elementwise key's magnitude is measured by the evaluator as it writes each slice (merge/stream.py),
+    so the writer thread needs no pass of its own: an fp16 overflow (finite in fp32, inf as written), a NaN
+    and an out-of-range value are found wherever they sit (the first span, a worker's span, the last
+    slice), in whole keys and in sliced units (memory budget 0), and the figures equal a whole-tensor pass."""
+    def model(name, big):
+        weight = torch.randn(300, 70, generator=torch.Generator().manual_seed(len(name))) * 0.01
+        weight.view(-1)[where] = big
+        save_file({WIDE: weight}, str(tmp_path / f"{name}.safetensors"))
+        return m.recipe.model(str(tmp_path / f"{name}.safetensors"))
+
+    small = dict(chunk_elements=64, workers=2, memory_budget_mb=budget)
+    overflow = m.recipe.weighted_sum(model("a", 70000.0), model("bb", 70000.0), alpha=0.5)
+    with pytest.raises(m.checks.NonFiniteError, match="out.2.weight: the merged tensor holds inf or NaN"):
+        m.execute.merge(overflow, tmp_path / "fp16.safetensors", opts(m, **small))
+    fp32 = m.execute.merge(overflow, tmp_path / "fp32.safetensors", opts(m, dtype="fp32", **small))
+    assert fp32.nonfinite == [] and fp32.out_of_range == []  # 70000 is finite in fp32, and an input's value
+
+    nan = m.recipe.weighted_sum(model("c", float("nan")), model("dd", 0.0), alpha=0.5)
+    report = m.execute.merge(nan, tmp_path / "nan.safetensors", opts(m, nonfinite="warn", **small))
+    assert report.nonfinite == [WIDE] and "from the input file c.safetensors" in report.nonfinite_origin
+
+    far = m.recipe.weighted_sum(model("e", 0.0), model("ff", 5.0), alpha=1000.0)  # 5000 where inputs reach 5
+    report = m.execute.merge(far, tmp_path / "far.safetensors", opts(m, **small))
+    written = load_file(str(tmp_path / "far.safetensors"))[WIDE]
+    assert [(k, size) for k, size, _ in report.out_of_range] == [(WIDE, m.checks.magnitude(written))]
+    assert report.out_of_range[0][1] == pytest.approx(5000.0, rel=1e-3)
+
+
+def test_the_evaluator_measures_what_it_wrote(m):
+    """Evaluator.evaluate_chunked's magnitude equals a whole pass over the output as written (fp16 rounding
+    included), for one span and for spans side by side; NaN wins wherever it is."""
+    from patchbay_merge.context import KeyContext
+    from patchbay_merge.steps import Call, Graph, Leaf
+
+    graph = Graph(Call(m.registry.get("weighted_sum"), (Leaf(0), Leaf(1)), {"alpha": 0.25}), [])
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(40_000, generator=gen).half() * 300, torch.randn(40_000, generator=gen).half() * 300
+    for workers in (1, 2):
+        evaluator = m.stream.Evaluator(graph, "refuse", workers=workers)
+        try:
+            for poison in (None, 123, 39_999):
+                x = a.clone()
+                if poison is not None:
+                    x[poison] = float("nan")
+                out = torch.empty(40_000, dtype=torch.float16)
+                size = evaluator.evaluate_chunked(graph.root, [x, b], KeyContext(key="k"), out, 256)
+                whole = m.checks.magnitude(out)
+                assert (size == whole) or (size != size and whole != whole), (workers, poison, size, whole)
+        finally:
+            evaluator.close()
+
+
 def test_memory_budget_spills_intermediates_and_gives_the_same_output(m, abc, tmp_path):
     R = m.recipe
     recipe = RECIPES["nested"](R, *(R.model(str(p)) for p in abc))
