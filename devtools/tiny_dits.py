@@ -1,78 +1,6 @@
 """Tiny 2026 diffusion transformers (and an SD2.x UNet) that ComfyUI's own loader detects, and LoRAs as their
-trainers write them.
-
-Fast Hooks must be checked on the families people run today, and none can be downloaded, so this
-module builds each family in memory: ComfyUI's own class on the meta device gives the real key
-layout (``double_blocks.0.img_attn.qkv.weight``, ``blocks.0.self_attn.q.weight``, ...) at the smallest
-width detection allows; deterministic weights (tiny_weights.uniform) fill it; and
-``comfy.sd.load_diffusion_model_state_dict`` (what UNETLoader runs, comfy/model_detection.py
-included) must load it as the expected model config and class, with no key left over or missing. No
-file is written: every DiT is ~1-3 M parameters and builds in well under a second (SD2.x: 18.8 M, 0.6 s).
-
-Sizes detection fixes (ComfyUI 0.33 unless said):
-- Flux.2: heads = hidden / sum(axes_dim) = hidden / 128, so hidden 128 and one head; 128 latent
-  channels, patch 1. ComfyUI 0.3.75 fixes 48 heads (hidden 6144): tested on 0.33 only.
-- Wan 2.1 / 2.2 5B: heads = dim / 128, so dim 128; Wan 2.2 5B is the 48-channel variant (WAN22_T2V);
-  the text embedding keeps umT5's 4096 inputs (not detected).
-- SD3.5: hidden = 64 x depth, heads = depth, blocks = depth: 2 joint blocks, 128 wide, RMS q/k norm.
-- HunyuanVideo 1.5: heads = hidden / 128, so hidden 128; its SigLIP input stays 1152 wide (detection
-  tells 1.5 from 1.0 by it); 65 input channels (noise, image latent and mask), as the real files.
-- HunyuanVideo 1.0: as 1.5 (heads = hidden / 128), with the 768-wide CLIP-L pooled input (vector_in,
-  which tells 1.0 from HunyuanImage 2.1) and guidance_in; 16 channels, patch [1, 2, 2]: 1.65 M parameters.
-- LTX-Video: 32 heads of to_k.shape[0] / 32, so 32 heads of 4 (128 wide); caption input 4096.
-- HunyuanImage 2.1: as HunyuanVideo (heads = hidden / 128), no vector_in and no SigLIP input (detection
-  picks HunyuanImage21 by them), 64 channels, patch [1, 1]: 128 wide, 1.49 M. Its ByT5 glyph mapper
-  (byt5_in, fixed at 1472-2048-2048, 7.5 M) is left out: detection and the class take a file without it,
-  the forward skips it without glyph text, and with it the Extract LoRA test took 2.8 s (0.1 s without).
-  Both versions.
-- Cosmos Predict2 (CosmosT2IPredict2): below 2048 wide the class keeps 16 heads, and 128 wide makes 8-wide
-  heads that its 3-D RoPE divides by zero, so 256 wide: 2.7 M with one block; text input 1024 wide
-  (fixed). ComfyUI 0.3.75 also fixes 10 blocks below 2048 wide (22.8 M): tested on 0.33 only.
-- SD2.x: SD20 needs model_channels 320, context 1024 and linear proj_in/out (heads of 64); one level,
-  one res block, transformers in input_blocks.1 and output_blocks.1 only (the middle block one res
-  block): 18.8 M, detected as SD20 eps. ComfyUI tells SD2.1 768-v only by the std of
-  ``output_blocks.11.1.transformer_blocks.0.norm1.bias``, which takes 12 output blocks (83 M at width 320),
-  so the tests make it v-prediction with core's ModelSamplingDiscrete, as for any 768-v file it
-  misdetects. Both versions.
-
-Families that cannot be made small (README-ready; not built here, not parametrized):
-(parameters counted on ComfyUI 0.33's classes with one block or layer of each kind)
-- Qwen-Image: detection reads only in_channels and the block count; the model class fixes 24 heads
-  of 128 (3072 wide) and a 3584-wide text input: 380 M parameters, 340 M of them in the one block.
-- Chroma: detection fixes its distilled-guidance approximator (5 layers of 5120, 3072 outputs), whose
-  outputs are the blocks' modulations, so hidden 3072 too: 631 M with one double and one single block.
-- Lumina2: only dim 2304 gets heads and RoPE axes from detection (24 heads of 96, axes [32, 32, 32]);
-  any other dim keeps NextDiT's 32 heads and axes summing to 128 (dim 4096). 427 M with one layer
-  (the two noise and two context refiner layers are fixed).
-- Z-Image: detected by dim 3840 only (30 heads of 128): 909 M with one layer and the refiners.
-- HiDream-I1: detection fixes everything, 20 heads of 128 (2560 wide), 16 double and 32 single blocks
-  and the 4096-wide caption projections: the smallest model it loads is the full 17.1 B (one double
-  block 424 M, one single 305 M; a file with one of each is detected as 16 + 32 and misses keys).
-- LTX-2 (LTXAV, ComfyUI 0.33 only): the video stream reads its width from attn2.to_k (128 wide is
-  fine), but without the file's ``config`` metadata the audio stream keeps 32 heads of 64 (2048 wide)
-  and the two text connectors 2 layers of 30 heads of 128 (3840 wide): 868 M with one layer, 709 M
-  of them the connectors.
-- Cosmos Predict1 (CosmosT2V): detection fixes 28 blocks of 32 heads at 4096 wide (7.2 B) and 36 blocks
-  of 40 heads at any other width: 480 wide (heads of 12) loads as CosmosVideo with 206 M.
-A Wan 2.2 14B is two Wan 2.1-layout models (the high- and the low-noise expert; ComfyUI detects each
-as WAN21_T2V): ``load(FAMILIES["wan21"], "high")`` and ``"low"`` build that pair.
-
-LoRA formats (rank 4, on every attention and MLP linear of the blocks), per family in Family.loras:
-- "diffusers" (Flux.2, SD3.5): PEFT ``transformer.transformer_blocks.0.attn.to_q.lora_A.weight``; ComfyUI
-  maps q, k, v (and Flux.2's single-block ``to_qkv_mlp_proj``) onto slices of the fused weights.
-- "kohya": ``lora_unet_<module with _>.lora_down/lora_up`` + alpha, as sd-scripts (SD3.5:
-  ``lora_unet_joint_blocks_0_x_block_attn_qkv``) and musubi-tuner (Wan, HunyuanVideo, HunyuanImage 2.1:
-  ``lora_unet_blocks_0_self_attn_q``) write them.
-- "ai-toolkit": ``diffusion_model.<module>.lora_A/lora_B`` (ai-toolkit's Wan LoRAs:
-  ``diffusion_model.blocks.0.self_attn.q.lora_A.weight``; Flux.2 in its own module names).
-- "diffusion-pipe" (HunyuanVideo 1.0 and 1.5): ``transformer.double_blocks.0.img_attn_qkv.lora_A.weight``.
-- "comfy-peft" (HunyuanImage 2.1, Cosmos Predict2): PEFT in ComfyUI's module names,
-  ``diffusion_model.blocks.0.self_attn.q_proj.lora_A.weight`` (ComfyUI maps these for every model).
-- "kohya" on SD2.x: sd-scripts' diffusers-style names (``lora_unet_down_blocks_0_attentions_0_proj_in``),
-  from comfy.lora's key map.
-- "ltx-trainer" (LTX-Video): LTX-Video-Trainer's, converted for ComfyUI:
-  ``diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`` (the bare ``transformer_blocks.0...``
-  names are mapped for LTXV by ComfyUI 0.33 only: 0.3.75's LoraLoader loads nothing of them).
+trainers write them: Fast Hooks must be checked on the families people run today, and none can be
+downloaded, so each is built in memory at the smallest width detection allows (``state_dict``).
 """
 
 from __future__ import annotations
@@ -286,7 +214,64 @@ def _init(key: str, shape: tuple[int, ...], seed: str) -> torch.Tensor:
 
 def state_dict(family: Family, variant: str = "") -> Tensors:
     """The tiny diffusion model of ``family`` as a diffusion-model-only file would hold it; another
-    ``variant`` (e.g. Wan 2.2 14B's "high" and "low" noise experts) has other weights."""
+    ``variant`` (e.g. Wan 2.2 14B's "high" and "low" noise experts) has other weights.
+
+    Fast Hooks must be checked on the families people run today, and none can be downloaded, so this
+    module builds each family in memory: ComfyUI's own class on the meta device gives the real key
+    layout (``double_blocks.0.img_attn.qkv.weight``, ``blocks.0.self_attn.q.weight``, ...) at the smallest
+    width detection allows; deterministic weights (tiny_weights.uniform) fill it; and
+    ``comfy.sd.load_diffusion_model_state_dict`` (what UNETLoader runs, comfy/model_detection.py
+    included) must load it as the expected model config and class, with no key left over or missing. No
+    file is written: every DiT is ~1-3 M parameters and builds in well under a second (SD2.x: 18.8 M, 0.6 s).
+
+    Sizes detection fixes (ComfyUI 0.33 unless said):
+    - Flux.2: heads = hidden / sum(axes_dim) = hidden / 128, so hidden 128 and one head; 128 latent
+      channels, patch 1. ComfyUI 0.3.75 fixes 48 heads (hidden 6144): tested on 0.33 only.
+    - Wan 2.1 / 2.2 5B: heads = dim / 128, so dim 128; Wan 2.2 5B is the 48-channel variant (WAN22_T2V);
+      the text embedding keeps umT5's 4096 inputs (not detected).
+    - SD3.5: hidden = 64 x depth, heads = depth, blocks = depth: 2 joint blocks, 128 wide, RMS q/k norm.
+    - HunyuanVideo 1.5: heads = hidden / 128, so hidden 128; its SigLIP input stays 1152 wide (detection
+      tells 1.5 from 1.0 by it); 65 input channels (noise, image latent and mask), as the real files.
+    - HunyuanVideo 1.0: as 1.5 (heads = hidden / 128), with the 768-wide CLIP-L pooled input (vector_in,
+      which tells 1.0 from HunyuanImage 2.1) and guidance_in; 16 channels, patch [1, 2, 2]: 1.65 M parameters.
+    - LTX-Video: 32 heads of to_k.shape[0] / 32, so 32 heads of 4 (128 wide); caption input 4096.
+    - HunyuanImage 2.1: as HunyuanVideo (heads = hidden / 128), no vector_in and no SigLIP input (detection
+      picks HunyuanImage21 by them), 64 channels, patch [1, 1]: 128 wide, 1.49 M. Its ByT5 glyph mapper
+      (byt5_in, fixed at 1472-2048-2048, 7.5 M) is left out: detection and the class take a file without it,
+      the forward skips it without glyph text, and with it the Extract LoRA test took 2.8 s (0.1 s without).
+      Both versions.
+    - Cosmos Predict2 (CosmosT2IPredict2): below 2048 wide the class keeps 16 heads, and 128 wide makes 8-wide
+      heads that its 3-D RoPE divides by zero, so 256 wide: 2.7 M with one block; text input 1024 wide
+      (fixed). ComfyUI 0.3.75 also fixes 10 blocks below 2048 wide (22.8 M): tested on 0.33 only.
+    - SD2.x: SD20 needs model_channels 320, context 1024 and linear proj_in/out (heads of 64); one level,
+      one res block, transformers in input_blocks.1 and output_blocks.1 only (the middle block one res
+      block): 18.8 M, detected as SD20 eps. ComfyUI tells SD2.1 768-v only by the std of
+      ``output_blocks.11.1.transformer_blocks.0.norm1.bias``, which takes 12 output blocks (83 M at
+      width 320), so the tests make it v-prediction with core's ModelSamplingDiscrete, as for any 768-v
+      file it misdetects. Both versions.
+
+    Families that cannot be made small (README-ready; not built here, not parametrized):
+    (parameters counted on ComfyUI 0.33's classes with one block or layer of each kind)
+    - Qwen-Image: detection reads only in_channels and the block count; the model class fixes 24 heads
+      of 128 (3072 wide) and a 3584-wide text input: 380 M parameters, 340 M of them in the one block.
+    - Chroma: detection fixes its distilled-guidance approximator (5 layers of 5120, 3072 outputs), whose
+      outputs are the blocks' modulations, so hidden 3072 too: 631 M with one double and one single block.
+    - Lumina2: only dim 2304 gets heads and RoPE axes from detection (24 heads of 96, axes [32, 32, 32]);
+      any other dim keeps NextDiT's 32 heads and axes summing to 128 (dim 4096). 427 M with one layer
+      (the two noise and two context refiner layers are fixed).
+    - Z-Image: detected by dim 3840 only (30 heads of 128): 909 M with one layer and the refiners.
+    - HiDream-I1: detection fixes everything, 20 heads of 128 (2560 wide), 16 double and 32 single blocks
+      and the 4096-wide caption projections: the smallest model it loads is the full 17.1 B (one double
+      block 424 M, one single 305 M; a file with one of each is detected as 16 + 32 and misses keys).
+    - LTX-2 (LTXAV, ComfyUI 0.33 only): the video stream reads its width from attn2.to_k (128 wide is
+      fine), but without the file's ``config`` metadata the audio stream keeps 32 heads of 64 (2048 wide)
+      and the two text connectors 2 layers of 30 heads of 128 (3840 wide): 868 M with one layer, 709 M
+      of them the connectors.
+    - Cosmos Predict1 (CosmosT2V): detection fixes 28 blocks of 32 heads at 4096 wide (7.2 B) and 36 blocks
+      of 40 heads at any other width: 480 wide (heads of 12) loads as CosmosVideo with 206 M.
+    A Wan 2.2 14B is two Wan 2.1-layout models (the high- and the low-noise expert; ComfyUI detects each
+    as WAN21_T2V): ``load(FAMILIES["wan21"], "high")`` and ``"low"`` build that pair.
+    """
     import comfy.supported_models
 
     config = getattr(comfy.supported_models, family.supported)(_config(family))
@@ -361,7 +346,25 @@ def _diffusers_lora(family: Family, targets: tuple[str, ...], patcher: ModelPatc
 
 def lora(family: Family, patcher: ModelPatcher, fmt: LoraFormat | None = None) -> Tensors:
     """A rank-RANK LoRA of ``family`` in format ``fmt`` (default: the family's first), for the model
-    ``load(family)`` gave."""
+    ``load(family)`` gave.
+
+    LoRA formats (rank 4, on every attention and MLP linear of the blocks), per family in Family.loras:
+    - "diffusers" (Flux.2, SD3.5): PEFT ``transformer.transformer_blocks.0.attn.to_q.lora_A.weight``; ComfyUI
+      maps q, k, v (and Flux.2's single-block ``to_qkv_mlp_proj``) onto slices of the fused weights.
+    - "kohya": ``lora_unet_<module with _>.lora_down/lora_up`` + alpha, as sd-scripts (SD3.5:
+      ``lora_unet_joint_blocks_0_x_block_attn_qkv``) and musubi-tuner (Wan, HunyuanVideo, HunyuanImage 2.1:
+      ``lora_unet_blocks_0_self_attn_q``) write them.
+    - "ai-toolkit": ``diffusion_model.<module>.lora_A/lora_B`` (ai-toolkit's Wan LoRAs:
+      ``diffusion_model.blocks.0.self_attn.q.lora_A.weight``; Flux.2 in its own module names).
+    - "diffusion-pipe" (HunyuanVideo 1.0 and 1.5): ``transformer.double_blocks.0.img_attn_qkv.lora_A.weight``.
+    - "comfy-peft" (HunyuanImage 2.1, Cosmos Predict2): PEFT in ComfyUI's module names,
+      ``diffusion_model.blocks.0.self_attn.q_proj.lora_A.weight`` (ComfyUI maps these for every model).
+    - "kohya" on SD2.x: sd-scripts' diffusers-style names (``lora_unet_down_blocks_0_attentions_0_proj_in``),
+      from comfy.lora's key map.
+    - "ltx-trainer" (LTX-Video): LTX-Video-Trainer's, converted for ComfyUI:
+      ``diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight`` (the bare ``transformer_blocks.0...``
+      names are mapped for LTXV by ComfyUI 0.33 only: 0.3.75's LoraLoader loads nothing of them).
+    """
     fmt = fmt or family.loras[0]
     seed = f"tiny-dit-lora/{family.name}/{fmt.name}"
     if fmt.name == "diffusers":

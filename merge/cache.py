@@ -1,23 +1,5 @@
-"""Results of recipe sub-graphs per key, kept across merges in one process within a byte budget.
-
-A ``MergeCache`` passed as ``MergeOptions.cache`` lets a merge skip the work an earlier merge did:
-
-- ``get(key_id)`` / ``put(key_id, tensor)`` (``put_copy``: a copy, made only if it fits): a key's
-  result (a whole output tensor, or the fp32 result of a non-elementwise call inside the recipe),
-  identified by ``Graph.key_id`` (merge/steps.py): the method, its inputs' ids, its parameters
-  resolved for that key, the source fingerprints. Equal ids mean equal values, so an entry is reused
-  whatever recipe it came from.
-- ``method_store(owner)``: the per-key dicts methods keep in ``KeyContext.cache`` (rotate keeps its
-  decomposition there), for one call site identified by its inputs but not its parameters.
-
-Budget: entries are counted in bytes (tensors inside method dicts are measured by ``settle``, which
-the executor calls after each key). When an insert does not fit, entries from earlier runs go first,
-least recently used first; entries of the current run (``new_run``) are never evicted to make room
-for others, so a merge larger than the budget keeps its first keys instead of evicting each entry
-before it is read again. A caller that knows which results its next merges read (Merge Grid) passes
-them as ``put_copy(..., keep=ids)``: those are not evicted either, so a full cache stops taking new
-entries instead of trading one that will be read for one that may not; ``discard(ids)`` drops them once
-read for the last time. ``clear()`` empties it; ``set_budget(0)`` turns it off.
+"""Results of recipe sub-graphs per key, kept across merges in one process within a byte budget, so a
+merge skips the work an earlier merge did (the Merge node re-run, Merge Grid's variants).
 """
 
 from __future__ import annotations
@@ -51,7 +33,25 @@ class _Entry:
 
 @dataclass
 class MergeCache:
-    """See the module docstring. ``budget_mb`` 0 caches nothing."""
+    """Per-key results across merges, passed as ``MergeOptions.cache``; ``budget_mb`` 0 caches nothing.
+
+    - ``get(key_id)`` / ``put(key_id, tensor)`` (``put_copy``: a copy, made only if it fits): a key's
+      result (a whole output tensor, or the fp32 result of a non-elementwise call inside the recipe),
+      identified by ``Graph.key_id`` (merge/steps.py): the method, its inputs' ids, its parameters
+      resolved for that key, the source fingerprints. Equal ids mean equal values, so an entry is reused
+      whatever recipe it came from.
+    - ``method_store(owner)``: the per-key dicts methods keep in ``KeyContext.cache`` (rotate keeps its
+      decomposition there), for one call site identified by its inputs but not its parameters.
+
+    Budget: entries are counted in bytes (tensors inside method dicts are measured by ``settle``, which
+    the executor calls after each key). When an insert does not fit, entries from earlier runs go first,
+    least recently used first; entries of the current run (``new_run``) are never evicted to make room
+    for others, so a merge larger than the budget keeps its first keys instead of evicting each entry
+    before it is read again. A caller that knows which results its next merges read (Merge Grid) passes
+    them as ``put_copy(..., keep=ids)``: those are not evicted either, so a full cache stops taking new
+    entries instead of trading one that will be read for one that may not; ``discard(ids)`` drops them
+    once read for the last time. ``clear()`` empties it; ``set_budget(0)`` turns it off.
+    """
 
     budget_mb: float = 4096.0
     _entries: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
@@ -71,7 +71,7 @@ class MergeCache:
             self._evict(0, keep_current=False)
 
     def new_run(self) -> None:
-        """Start a merge: entries made from now on are this run's (see the module docstring)."""
+        """Start a merge: entries made from now on are this run's (see ``MergeCache``)."""
         with self._lock:
             self._run += 1
 
@@ -94,7 +94,7 @@ class MergeCache:
     def put_copy(self, key: Hashable, tensor: torch.Tensor, keep: Container | None = None) -> bool:
         """``put`` of a copy of ``tensor``, made only when it will be kept: a merge larger than the budget
         (an SD1.5 UNet in fp32 is 3.4 GB) would otherwise allocate, fill and free a copy of every key
-        past the budget. ``keep``: ids of entries that are not evicted to make room (module docstring)."""
+        past the budget. ``keep``: ids of entries that are not evicted to make room (``MergeCache``)."""
         return self._put(key, tensor, copy=True, keep=keep)
 
     def _put(self, key: Hashable, tensor: torch.Tensor, copy: bool, keep: Container | None = None) -> bool:

@@ -1,12 +1,6 @@
-"""What a merge method's signature is written with, and how the built-in methods declare themselves.
-
-The merge spaces as annotations (``Weight``, ``Delta``, ``Param``, ``AnySpace``; ``WeightGroup`` /
-``AnyGroup`` for methods that read related keys), ``PassesInput`` (a method that returns an input
-unchanged for some parameters says which, merge/registry.py), parameter ranges (``Range``,
-``Fraction``, ``Count``) and ``builtin_method``, the decorator of merge/methods/: it records the
-function and its options, and merge/registry.py registers every recorded method when it is imported.
-The methods therefore import this leaf module, not the registry, and the registry imports them
-without an import cycle.
+"""What a merge method's signature is written with (merge spaces, ranges, ``PassesInput``) and
+``builtin_method``, the decorator of merge/methods/: the methods import this leaf, not the registry, so
+the registry imports them without an import cycle.
 """
 
 from __future__ import annotations

@@ -1,24 +1,5 @@
-"""Merge grids: one recipe, up to two parameters, a list of values each; the recipe of every variant.
-
-Data flow (the ComfyUI node, nodes/merge_grid.py, merges and samples what this returns)::
-
-    recipe, x (name, values), y (name, values) or None
-        -> axis_target(recipe, name)   what each axis sets
-        -> variants(recipe, x, y)      [(labels, recipe), ...] row by row (y outer, x inner)
-
-An axis names what it sets in one of three ways, tried in this order:
-
-- a free parameter of the recipe (``R.param("alpha")``, a ``.mecha`` text's open ``&alpha``): bound;
-- ``method.parameter`` (``weighted_sum.alpha``): that parameter of every call of that method;
-- ``parameter`` alone (``alpha``): that parameter of the calls that have it, when they are calls of one
-  method only (else the error lists the ``method.parameter`` names to choose from).
-
-A value is a number or a parameter map (a block-weight or key-pattern ``LiteralNode``, as the Key
-Patterns node makes). Each variant is an ordinary recipe, so the merge cache recomputes only the keys
-whose resolved values changed (``Graph.key_id``): a block-map axis that changes the OUT blocks leaves
-every other key of the previous variant in the cache. ``cache_wants`` says which results each variant
-should leave in the cache: only those a later variant reads (the rest would push the useful ones out
-and cost a copy each). Nothing here reads a file.
+"""Merge grids: one recipe, up to two parameter axes with a list of values each, and the recipe of every
+variant (the Merge Grid node, nodes/merge_grid.py, merges and samples them). Reads no file.
 """
 
 from __future__ import annotations
@@ -52,7 +33,15 @@ def axis_choices(root: R.Node) -> list[str]:
 
 def axis_target(root: R.Node, name: str) -> tuple[str, str | None, str]:
     """``(kind, method, parameter)`` that the axis ``name`` sets in ``root``: kind ``"param"`` (a free
-    parameter) or ``"kwarg"`` (a parameter of every call of ``method``); GridError when it names none."""
+    parameter) or ``"kwarg"`` (a parameter of every call of ``method``); GridError when it names none.
+
+    An axis names what it sets in one of three ways, tried in this order:
+
+    - a free parameter of the recipe (``R.param("alpha")``, a ``.mecha`` text's open ``&alpha``): bound;
+    - ``method.parameter`` (``weighted_sum.alpha``): that parameter of every call of that method;
+    - ``parameter`` alone (``alpha``): that parameter of the calls that have it, when they are calls of
+      one method only (else the error lists the ``method.parameter`` names to choose from).
+    """
     name = name.strip()
     if not name:
         raise GridError("an axis has values but no parameter name: give one (e.g. alpha)")
@@ -106,7 +95,12 @@ def variants(root: R.Node, x: tuple[str, Sequence[Any]], y: tuple[str, Sequence[
              allow_large: bool = False) -> list[tuple[tuple[str, ...], R.Node]]:
     """``[(labels, recipe)]`` for every (x value, y value), row by row (y outer, x inner); ``labels``
     holds ``name=value`` per axis. Free parameters that no axis binds stay an error of the merge, as
-    for any recipe."""
+    for any recipe.
+
+    A value is a number or a parameter map (a block-weight or key-pattern ``LiteralNode``, as the Key
+    Patterns node makes). Each variant is an ordinary recipe, so the merge cache recomputes only the
+    keys whose resolved values changed (``Graph.key_id``): a block-map axis that changes the OUT blocks
+    leaves every other key of the previous variant in the cache (``cache_wants``)."""
     if not x[0].strip():
         raise GridError("x_param is empty: name the parameter the x values set (e.g. alpha)")
     axes = [(name.strip(), list(values)) for name, values in (x, y or ("", ())) if name.strip()]
@@ -154,7 +148,8 @@ def cache_wants(ids: Sequence[Mapping[str, Hashable]], in_place: Sequence[bool])
     """For variants merged in this order (``ids``: each one's key -> result id, ``Graph.key_id`` as the
     merge cache stores it), the result ids worth keeping in the cache after each: those a later variant
     merges. A variant ``in_place`` fills the previous variant's model and merges only the keys whose id
-    changed; any other merges every key."""
+    changed; any other merges every key. The rest would push the useful results out of the cache and
+    cost a copy each."""
     merges, previous = [], {}
     for current, reused in zip(ids, in_place, strict=True):
         merges.append({v for k, v in current.items() if not reused or previous.get(k) != v})

@@ -1,30 +1,5 @@
-"""Streaming a planned merge: read-ahead thread, per-key evaluation, writer thread.
-
-Three threads share the work and never hold more than a few keys: the reader maps the next units'
-input tensors from their files (``SafetensorsFile.map``: read in place from the page cache, its page
-faults taken in the reader, GIL released) and computes LoRA deltas, at most ``prefetch + 1`` units
-ahead; the calling thread evaluates the recipe into one of two to six reused output buffers (a large
-elementwise key in spans, side by side with ``MergeOptions.workers - 1`` math threads); the
-writer checks each finished tensor (merge/checks.py), caches it and appends it to the temporary
-output file (starting its writeback to disk as it goes). Deep queues matter on a busy machine: a
-thread that was not scheduled for a while catches up without stalling the others.
-A unit's inputs are released by the reader once the calling thread is done with them, and buffers go
-back to their pools as soon as they are consumed, so memory stays flat whatever the model size.
-
-A unit is a whole key, or, for elementwise recipes whose inputs for one key would be more than an
-eighth of the memory budget (eight inputs of SD1.5's largest conv are 472 MB), a slice of its
-elements: the reader then maps that byte range of every input and the slices are evaluated into the
-key's output buffer.
-
-With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
-``Graph.key_id`` is written from the cache without reading its inputs, and each computed key is
-stored (only those in ``MergeOptions.cache_keep`` when it is given). ``MergeOptions.check`` runs
-before every unit (and inside long elementwise loops), so an interrupt stops within one key;
-``on_progress`` follows the progress bar.
-
-The output goes to a sink: anything with ``append(key, tensor)`` (called from the writer thread; the
-tensor's memory is reused afterwards, so a sink copies what it keeps): the safetensors writer, or the
-ComfyUI Merge node's model (nodes/merge_runtime.py).
+"""Streaming a planned merge: a read-ahead thread, per-key evaluation in the calling thread and a writer
+thread, holding only a few keys at a time so memory stays flat whatever the model size.
 """
 
 from __future__ import annotations
@@ -70,7 +45,34 @@ class Unit:
 
 def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: MergeOptions,
         report: MergeReport, spill_dir: Path | None = None) -> None:
-    """Stream every planned key through read-ahead, evaluation and ``sink`` (see module docstring)."""
+    """Stream every planned key through read-ahead, evaluation and ``sink``.
+
+    Three threads share the work and never hold more than a few keys: the reader maps the next units'
+    input tensors from their files (``SafetensorsFile.map``: read in place from the page cache, its page
+    faults taken in the reader, GIL released) and computes LoRA deltas, at most ``prefetch + 1`` units
+    ahead; the calling thread evaluates the recipe into one of two to six reused output buffers (a large
+    elementwise key in spans, side by side with ``MergeOptions.workers - 1`` math threads, measuring
+    what it writes for the checks); the writer checks each finished tensor (merge/checks.py), caches it
+    and appends it to the temporary output file (starting its writeback to disk as it goes). Deep
+    queues matter on a busy machine: a thread that was not scheduled for a while catches up without
+    stalling the others. A unit's inputs are released by the reader once the calling thread is done
+    with them, and buffers go back to their pools as soon as they are consumed.
+
+    A unit is a whole key, or, for elementwise recipes whose inputs for one key would be more than an
+    eighth of the memory budget (eight inputs of SD1.5's largest conv are 472 MB), a slice of its
+    elements: the reader then maps that byte range of every input and the slices are evaluated into the
+    key's output buffer.
+
+    With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
+    ``Graph.key_id`` is written from the cache without reading its inputs, and each computed key is
+    stored (only those in ``MergeOptions.cache_keep`` when it is given). ``MergeOptions.check`` runs
+    before every unit (and inside long elementwise loops), so an interrupt stops within one key;
+    ``on_progress`` follows the progress bar.
+
+    ``sink`` is anything with ``append(key, tensor)`` (called from the writer thread; the tensor's memory
+    is reused afterwards, so a sink copies what it keeps): the safetensors writer, or the ComfyUI Merge
+    node's model (nodes/merge_runtime.py).
+    """
     budget = options.memory_budget_mb * 2**20
     capacity = max(ALIGN, budget // 8)  # a unit's inputs; the units in flight: a quarter of the budget
     cache = options.cache if hasattr(options.cache, "put") else None

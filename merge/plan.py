@@ -1,20 +1,5 @@
-"""Merge planning: the options, the report, and one ``KeyPlan`` per output key, before any output exists.
-
-``plan_keys`` works out every output tensor of a compiled recipe: the union of the weight inputs'
-keys, each key's dtype and shape after the policies below, and the recipe's block maps resolved
-against every planned key (a recipe that validates merges). ``plan`` is that check on its own
-(``validate`` in the CLI); merge/execute.py plans, then streams.
-
-Policies (``MergeOptions``):
-- ``shape_policy``: when a method's inputs disagree in shape, ``"overlap"`` (default) merges the
-  common leading region and keeps the first input's shape and its values outside the overlap (an
-  inpainting 9-channel ``conv_in`` merged with a 4-channel one keeps the 5 extra channels of the
-  first model), ``"first"`` keeps the first input unchanged, ``"error"`` stops at plan time.
-  Every such key is listed in ``MergeReport.shape_mismatches``.
-- ``missing_policy``: for a key that some weight inputs lack, ``"first"`` (default) passes the first
-  available input through unchanged, ``"skip"`` leaves the key out, ``"error"`` stops at plan time.
-  Delta inputs (LoRAs) that lack a key contribute zero. Methods registered with
-  ``accepts_missing`` receive ``None`` instead.
+"""Merge planning: the options, the report, and one ``KeyPlan`` per output key, worked out before any
+output exists (``plan`` alone is the CLI's ``validate``).
 """
 
 from __future__ import annotations
@@ -41,7 +26,16 @@ class MergeError(ValueError):
 
 @dataclass(frozen=True)
 class MergeOptions:
-    """How to run a merge (see the module docstring for the policies).
+    """How to run a merge.
+
+    ``shape_policy``: when a method's inputs disagree in shape, ``"overlap"`` (default) merges the common
+    leading region and keeps the first input's shape and its values outside the overlap (an inpainting
+    9-channel ``conv_in`` merged with a 4-channel one keeps the 5 extra channels of the first model),
+    ``"first"`` keeps the first input unchanged, ``"error"`` stops at plan time. Every such key is listed
+    in ``MergeReport.shape_mismatches``. ``missing_policy``: for a key that some weight inputs lack,
+    ``"first"`` (default) passes the first available input through unchanged, ``"skip"`` leaves the key
+    out, ``"error"`` stops at plan time. Delta inputs (LoRAs) that lack a key contribute zero; methods
+    registered with ``accepts_missing`` receive ``None`` instead.
 
     ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``workers``: threads
     that evaluate one large elementwise key (weighted_sum, add_difference, ...) in spans side by side,
@@ -169,7 +163,10 @@ def opened_sources(graph: Graph, architecture_policy: str = "refuse") -> Iterato
 
 
 def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeReport) -> list[KeyPlan]:
-    """Output keys in order, with dtypes and shapes, after the missing-key and shape policies."""
+    """Output keys in order, with dtypes and shapes, after the missing-key and shape policies: the union
+    of the weight inputs' keys, and the recipe's block maps resolved against every planned key (a recipe
+    that validates merges). ``plan`` is that check on its own (``validate`` in the CLI); merge/execute.py
+    plans, then streams."""
     weights = [i for i, s in enumerate(sources) if s.space == "weight"] or list(range(len(sources)))
     report.arch = sources[weights[0]].arch if sources else "unknown"
     report.warnings += graph.notes

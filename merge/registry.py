@@ -1,37 +1,6 @@
-"""The merge-method registry: one decorator, signatures checked at registration, scoped for tests.
-
-A merge method evaluates ONE key. Its positional parameters are tensor inputs annotated with a
-merge space (``Weight``, ``Delta``, ``Param`` or ``AnySpace``; ``*models: Weight`` for a variadic
-input), its keyword-only parameters are scalars (``float``, ``int``, ``bool``, ``str``, optionally
-``| None``) with defaults, and it may take a keyword-only ``ctx: KeyContext``. A numeric parameter
-may carry its range (``Fraction``, ``Count`` or ``Annotated[float, Range(lo, hi)]``); recipes are
-checked against it when they are built, and every float must be finite. The return
-annotation gives the output space (``AnySpace`` = the space of the ``AnySpace`` inputs).
-
-The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn`` always accepts
-``ctx`` even when the decorated function does not declare it. ``elementwise=True`` lets it call
-``fn`` on slices of the tensors. ``random=True`` says the method draws random numbers (from
-``ctx.seed`` / ``ctx.generator()``): only such methods see the merge seed (the others get 0), so only
-their results, and what is computed from them, are cached per seed.
-
-A method that needs other keys than the one it evaluates (``exchange_ema`` reads the EMA copy of a
-key, ``balance_attention`` the q, k, v and o of one attention layer) is registered with
-``related=fn``: ``fn(key, arch, keys)`` names the keys it reads (``keys`` are every input's keys), and
-each tensor input, annotated ``WeightGroup`` / ``AnyGroup``, arrives as a dict from those keys to that
-input's tensor (a key the input lacks is absent). It returns the tensor of ``ctx.key`` alone.
-
-A method that gives back one of its inputs unchanged for some parameters (``weighted_sum`` at alpha 0
-or 1, or of two equal inputs) says so with ``passes_input=fn``: ``fn(params, same_inputs)`` gets the
-call's scalar parameters resolved for a key (defaults filled in) and whether every tensor input is the
-same, and returns the index of the input returned, or None. The cache ids (``Graph.key_id``) of such a
-call are its input's, so a merge grid's variants share the keys a parameter leaves at an input.
-
-A method annotated ``-> int`` (or ``-> str``) returns one number per key instead of a tensor
-(``get_rank_from_ratio``): it is a param-space call that only a parameter of that type takes
-(``truncate_rank(d, rank=get_rank_from_ratio(d))``), never a tensor input or a recipe's result.
-
-Importing this module registers the built-in methods (merge/methods/, imported at its end); a
-built-in module that fails to import fails this import too, so no caller sees methods missing.
+"""The merge-method registry: one decorator (``@merge_method``), signatures checked at registration,
+duplicates refused with "did you mean", scoped for tests. Importing it registers the built-in methods
+(merge/methods/, declared through merge/declare.py).
 """
 
 from __future__ import annotations
@@ -130,7 +99,7 @@ class MergeMethod:
     random: bool = False
     related: Related | None = None
     returns: type | None = None  # int or str: one such value per key (output space param), not a tensor
-    passes_input: PassesInput | None = None  # which input it returns unchanged (module docstring)
+    passes_input: PassesInput | None = None  # which input it returns unchanged (merge_method)
 
     @property
     def variadic(self) -> bool:
@@ -166,8 +135,42 @@ def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = Non
     ``elementwise`` declares that output element i depends only on element i of the inputs, with
     no randomness, so the executor may evaluate the method slice by slice; ``random`` that it draws
     random numbers from ``ctx.seed``; ``related`` that it reads other keys, ``passes_input`` which input
-    it returns unchanged for given parameters (see the module docstring).
+    it returns unchanged for given parameters.
     Raises ``MethodDefinitionError`` for a bad signature or an already registered name.
+
+    A merge method evaluates ONE key. Its positional parameters are tensor inputs annotated with a
+    merge space (``Weight``, ``Delta``, ``Param`` or ``AnySpace``; ``*models: Weight`` for a variadic
+    input), its keyword-only parameters are scalars (``float``, ``int``, ``bool``, ``str``, optionally
+    ``| None``) with defaults, and it may take a keyword-only ``ctx: KeyContext``. A numeric parameter
+    may carry its range (``Fraction``, ``Count`` or ``Annotated[float, Range(lo, hi)]``); recipes are
+    checked against it when they are built, and every float must be finite. The return annotation
+    gives the output space (``AnySpace`` = the space of the ``AnySpace`` inputs).
+
+    The executor calls ``method.fn(*tensors, **scalars, ctx=KeyContext(...))``; ``fn`` always accepts
+    ``ctx`` even when the decorated function does not declare it. ``elementwise=True`` lets it call
+    ``fn`` on slices of the tensors. ``random=True`` says the method draws random numbers (from
+    ``ctx.seed`` / ``ctx.generator()``): only such methods see the merge seed (the others get 0), so
+    only their results, and what is computed from them, are cached per seed.
+
+    A method that needs other keys than the one it evaluates (``exchange_ema`` reads the EMA copy of a
+    key, ``balance_attention`` the q, k, v and o of one attention layer) is registered with
+    ``related=fn``: ``fn(key, arch, keys)`` names the keys it reads (``keys`` are every input's keys),
+    and each tensor input, annotated ``WeightGroup`` / ``AnyGroup``, arrives as a dict from those keys
+    to that input's tensor (a key the input lacks is absent). It returns the tensor of ``ctx.key`` alone.
+
+    A method that gives back one of its inputs unchanged for some parameters (``weighted_sum`` at alpha
+    0 or 1, or of two equal inputs) says so with ``passes_input=fn``: ``fn(params, same_inputs)`` gets
+    the call's scalar parameters resolved for a key (defaults filled in) and whether every tensor input
+    is the same, and returns the index of the input returned, or None. The cache ids
+    (``Graph.key_id``) of such a call are its input's, so a merge grid's variants share the keys a
+    parameter leaves at an input.
+
+    A method annotated ``-> int`` (or ``-> str``) returns one number per key instead of a tensor
+    (``get_rank_from_ratio``): it is a param-space call that only a parameter of that type takes
+    (``truncate_rank(d, rank=get_rank_from_ratio(d))``), never a tensor input or a recipe's result.
+
+    Importing this module registers the built-in methods (merge/methods/, imported at its end); a
+    built-in module that fails to import fails this import too, so no caller sees methods missing.
     """
     def register(func: Callable[..., Any]) -> MergeMethod:
         method = _build(func, name or func.__name__, paper, accepts_missing, elementwise, random, related,

@@ -1,17 +1,5 @@
-"""The executable form of a recipe: ``Leaf`` (one input source), ``Call`` (a resolved method), scalars.
-
-``compile_recipe`` turns a closed recipe graph (merge/recipe.py) into these steps once per merge:
-model paths are resolved and deduplicated into source indices, method names are looked up in the
-registry, scalars stay numbers and map literals stay ``LiteralNode``s that ``Graph.scalar``
-resolves per key (``check_maps`` resolves them against every planned key at plan time, so that a
-recipe that validates merges). A param-space call given as a parameter
-(``alpha=train_difference_mask(a, b, c)``) is a ``Call`` in ``kwargs``, evaluated per key like a
-tensor input. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to bind.
-
-Model paths go through ``resolve`` when the caller gives one (``MergeOptions.resolve``: the ComfyUI
-nodes map folder names to files and graph models to ``MemorySource``s, merge/sources.py), else they are
-looked up in the current folder, then ``search_dirs``. ``Graph.key_id`` names what one key's result of a
-step depends on, for the cache (merge/cache.py).
+"""The executable form of a recipe (``Leaf``, ``Call``, scalars), compiled once per merge: model paths
+resolved and deduplicated, methods looked up, and ``Graph.key_id``, what one key's result depends on.
 """
 
 from __future__ import annotations
@@ -203,6 +191,16 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
                    resolve: Callable[[str], Any] | None = None, seed: int = 0) -> Graph:
     """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``,
     or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``).
+
+    Model paths are deduplicated into source indices (``resolve`` is ``MergeOptions.resolve``: the
+    ComfyUI nodes map folder names to files and graph models to ``MemorySource``s, merge/sources.py),
+    method names are looked up in the registry, scalars stay numbers and map literals stay
+    ``LiteralNode``s that ``Graph.scalar`` resolves per key (``check_maps`` resolves them against every
+    planned key at plan time, so that a recipe that validates merges). A param-space call given as a
+    parameter (``alpha=train_difference_mask(a, b, c)``) is a ``Call`` in ``kwargs``, evaluated per key
+    like a tensor input. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to
+    bind. ``Graph.key_id`` names what one key's result of a step depends on, for the cache
+    (merge/cache.py).
 
     ``cache``: a dict, or a ``MergeCache`` (merge/cache.py), the caller keeps between merges; each method
     call gets the per-key caches stored under (method, its tensor inputs), so a call whose scalars

@@ -1,25 +1,6 @@
 """Merge Grid: one recipe, up to two parameter axes, every variant merged, sampled and laid out in one
-labelled image (SuperMerger's XY plot in the graph).
-
-Data flow::
-
-    recipe, x/y axis (name + values text)
-      -> parse_values(text)                 numbers, or one parameter map per line (Key Patterns syntax)
-      -> merge.grid.variants(recipe, x, y)  one recipe per cell, row by row (checked before any merge)
-      -> merge_runtime.cache_wants(...)     per variant, the results a later one merges: only those are
-                                            kept in the merge cache (no copy of a result never read again),
-                                            and dropped after their last reader (merge_runtime.release)
-      -> per variant, rows in snake order (snake_order): merge_runtime.merge_models (through the merge
-         cache: only keys whose values changed are recomputed; a recipe of diffusion-model weights only
-         streams into the previous variant's MODEL, so no model is built or held twice, and the keys
-         whose merge-cache id is the previous variant's are not written at all), CLIPTextEncode with
-         the merged text encoder (or the clip input), KSampler's common_ksampler with the same seed,
-         VAE decode; a variant's own text encoder and VAE are dropped before the next, so memory stays
-         that of one merge
-      -> drawing.labelled_grid(...)       the grid IMAGE, plus each variant's recipe as text
-
-The axes and values are checked before the first merge (names with did-you-mean, more than 64 variants
-refused unless allow_large_grid); Cancel stops within one key of a merge or one step of a sampling run.
+labelled image (SuperMerger's XY plot in the graph); memory stays that of one merge. Data flow:
+docs/design-merge-nodes.md, Merge Grid.
 """
 
 from __future__ import annotations
@@ -37,7 +18,7 @@ from ..merge import grid
 from ..patcher import drawing
 from . import merge_runtime
 from .merge_inputs import LATER, pattern_map
-from .merge_outputs import _COMMON, _POLICY, RECIPE, _fields
+from .merge_outputs import COMMON_INPUTS, POLICY_INPUTS, RECIPE, option_fields
 from .merge_recipes import recipe_to_text
 
 LABEL_PX = 20  # height of the label band above each cell
@@ -113,14 +94,14 @@ class PatchbayMergeGrid:
                               "tooltip": "Classifier-free guidance scale (as KSampler)."}),
             "sampler_name": (comfy.samplers.KSampler.SAMPLERS, {"tooltip": "Sampler (as KSampler)."}),
             "scheduler": (comfy.samplers.KSampler.SCHEDULERS, {"tooltip": "Noise schedule (as KSampler)."}),
-            **_COMMON,
+            **COMMON_INPUTS,
         }, "optional": {
             "clip": ("CLIP", {"tooltip": "Text encoder for recipes that merge none (diffusion model only)."}),
             "vae": ("VAE", {"tooltip": "VAE for recipes that merge none."}),
             "allow_large_grid": ("BOOLEAN", {"default": False,
                                              "tooltip": "Allow more than 64 variants (each is a merge and a "
                                                         "sampling run)."}),
-            **_POLICY,
+            **POLICY_INPUTS,
         }}
 
     def run(self, recipe: Any, x_param: str, x_values: str, y_param: str, y_values: str, positive: str,
@@ -135,7 +116,7 @@ class PatchbayMergeGrid:
         if y is not None and not y_param.strip():
             raise ValueError("y_values are given but y_param is empty: name the parameter they set")
         cells = grid.variants(recipe, x, y, allow_large=allow_large_grid)
-        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
+        fields = option_fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
         encoded: dict[str, Any] = {}  # prompt -> conditioning by the clip input (merged encoders vary)
         images, lines = [None] * len(cells), [""] * len(cells)
         texts = [f"# {', '.join(labels)}\n{recipe_to_text(variant)}" for labels, variant in cells]

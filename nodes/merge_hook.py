@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import merge_runtime
-from .merge_outputs import _CACHE_MB, _COMMON, _POLICY, RECIPE
+from .merge_outputs import CACHE_MB, COMMON_INPUTS, POLICY_INPUTS, RECIPE
 
 if TYPE_CHECKING:
     from comfy.hooks import HookGroup, HookKeyframeGroup
@@ -34,8 +34,8 @@ class PatchbayRecipeHook:
                 "strength_model": ("FLOAT", {"default": 1.0, "min": -20.0, "max": 20.0, "step": 0.01,
                                              "tooltip": "1: the base model becomes the merged model; 0: "
                                                         "unchanged."}),
-                "merge_seed": _COMMON["merge_seed"],
-                "cache_mb": _COMMON["cache_mb"],
+                "merge_seed": COMMON_INPUTS["merge_seed"],
+                "cache_mb": COMMON_INPUTS["cache_mb"],
             },
             "optional": {
                 "base": (RECIPE, {"tooltip": "The model the merge is a change of: the checkpoint you "
@@ -44,11 +44,11 @@ class PatchbayRecipeHook:
                 "prev_hooks": ("HOOKS", {"tooltip": "Optional hooks to add this one to (not changed)."}),
                 "hook_kf": ("HOOK_KEYFRAMES", {"tooltip": "Optional schedule for this hook (Patchbay or core "
                                                           "keyframe nodes)."}),
-                **_POLICY,
+                **POLICY_INPUTS,
             },
         }
 
-    def create(self, recipe: Any, strength_model: float = 1.0, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
+    def create(self, recipe: Any, strength_model: float = 1.0, merge_seed: int = 0, cache_mb: int = CACHE_MB,
                base: Any = None, prev_hooks: HookGroup | None = None,
                hook_kf: HookKeyframeGroup | None = None, architecture_policy: str = "refuse") -> tuple:
         return (merge_runtime.recipe_hook(recipe, base, strength_model, keyframes=hook_kf, prev=prev_hooks,

@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 
 RECIPE = "PATCHBAY_RECIPE"
 CATEGORY = "Patchbay/merge"
-_CACHE_MB = merge_runtime.DEFAULT_CACHE_MB
-_COMMON = {
+CACHE_MB = merge_runtime.DEFAULT_CACHE_MB
+COMMON_INPUTS = {
     "merge_seed": ("INT", {"default": 0, "min": 0, "max": 2**32 - 1,
                            "tooltip": "Seed of the random methods (dropout, DARE, randomised SVD); the same "
                                       "seed gives the same merge."}),
-    "cache_mb": ("INT", {"default": _CACHE_MB, "min": 0, "max": 1 << 20, "step": 256,
+    "cache_mb": ("INT", {"default": CACHE_MB, "min": 0, "max": 1 << 20, "step": 256,
                          "tooltip": "Memory for merge results kept across runs (a changed parameter "
                                     "recomputes only what depends on it); 0 = no cache (and empty it)."}),
     "shape_policy": (list(SHAPE_POLICIES), {"tooltip": "Inputs of different shapes (inpainting conv_in): "
@@ -30,7 +30,7 @@ _COMMON = {
                                                            "has them, leave them out, or stop."}),
 }
 # optional, after every other input: saved workflows' widget values keep their positions
-_POLICY = {"architecture_policy": (list(ARCHITECTURE_POLICIES), {
+POLICY_INPUTS = {"architecture_policy": (list(ARCHITECTURE_POLICIES), {
     "default": "refuse", "tooltip": "Inputs of different model families or block counts (Flux.1 and Flux.2, "
                                     "Wan 1.3B and 14B): refuse (stop before anything is written), or allow "
                                     "to merge them key by key (rarely a model ComfyUI can load)."})}
@@ -38,8 +38,10 @@ _IF_EXISTS = (list(merge_files.IF_EXISTS), {"tooltip": "When the file exists: nu
                                                        "_00001, ...), error, or overwrite."})
 
 
-def _fields(merge_seed: int, cache_mb: int, shape_policy: str, missing_policy: str,
-            architecture_policy: str) -> dict[str, Any]:
+def option_fields(merge_seed: int, cache_mb: int, shape_policy: str, missing_policy: str,
+                  architecture_policy: str) -> dict[str, Any]:
+    """The merge options (merge_runtime.merge_options' fields) from the inputs every merging node shares
+    (COMMON_INPUTS, POLICY_INPUTS)."""
     return {"seed": merge_seed, "cache_mb": cache_mb, "shape_policy": shape_policy,
             "missing_policy": missing_policy, "architecture_policy": architecture_policy}
 
@@ -60,13 +62,13 @@ class PatchbayMerge:
     @classmethod
     def INPUT_TYPES(cls) -> dict:
         tip = "The recipe to run (a method node, recipe text)."
-        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **_COMMON}, "optional": _POLICY,
-                "hidden": {"unique_id": "UNIQUE_ID"}}
+        return {"required": {"recipe": (RECIPE, {"tooltip": tip}), **COMMON_INPUTS},
+                "optional": POLICY_INPUTS, "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = _CACHE_MB,
+    def merge(self, recipe: Any, merge_seed: int = 0, cache_mb: int = CACHE_MB,
               shape_policy: str = "overlap", missing_policy: str = "first",
               architecture_policy: str = "refuse", unique_id: str | None = None) -> dict:
-        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
+        fields = option_fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
         model, clip, vae, lines = merge_runtime.merge_models(recipe, **fields)
         if len(lines) > 1:  # warnings: shown under the node too (they are in the log already)
             merge_runtime.show_in_node(unique_id, "\n".join(lines))
@@ -94,13 +96,13 @@ class PatchbayMergeSave:
                                                ".safetensors added)."}),
             "if_exists": _IF_EXISTS,
             "dtype": (list(OUT_DTYPES), {"tooltip": "Float type of the saved weights."}),
-            **_COMMON,
-        }, "optional": _POLICY}
+            **COMMON_INPUTS,
+        }, "optional": POLICY_INPUTS}
 
     def save(self, recipe: Any, filename: str, if_exists: str = "number", dtype: str = "fp16",
-             merge_seed: int = 0, cache_mb: int = _CACHE_MB, shape_policy: str = "overlap",
+             merge_seed: int = 0, cache_mb: int = CACHE_MB, shape_policy: str = "overlap",
              missing_policy: str = "first", architecture_policy: str = "refuse") -> dict:
-        fields = _fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
+        fields = option_fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
         path, report = merge_runtime.save_merge(recipe, filename, if_exists, dtype=dtype, **fields)
         text = f"{path.name}: {report.keys} keys, {report.bytes_written / 2**20:.1f} MiB, {report.arch}"
         return {"ui": {"text": [text, *report.warnings]}, "result": (str(path),)}
@@ -144,7 +146,7 @@ class PatchbayMergeExtractLora:
                 "clip": ("CLIP", {"tooltip": "Optional: returned with the LoRA applied (as LoraLoader)."}),
                 "strength_model": ("FLOAT", {**strength, "tooltip": "LoRA strength on the model."}),
                 "strength_clip": ("FLOAT", {**strength, "tooltip": "LoRA strength on the CLIP."}),
-                **_POLICY,
+                **POLICY_INPUTS,
             },
         }
 

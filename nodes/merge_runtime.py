@@ -1,15 +1,6 @@
-"""The merge engine inside ComfyUI: options, the shared cache, and a recipe built into MODEL, CLIP, VAE.
-
-- ``resolve(path)``: every model path of a recipe, through merge_files (folders, security) or
-  merge_graph (MODELs of the graph).
-- ``merge_options`` / ``extract_options``: the engine's options with ComfyUI's interrupt
-  (``throw_exception_if_processing_interrupted``, checked between keys and inside long keys), its
-  progress bar and the process-wide ``CACHE`` (merge/cache.py; ``cache_mb`` sets its budget).
-- ``build_models(session)``: the Merge node's data flow (docs/design-merge-nodes.md): keys outside the
-  diffusion model stream into a dict; ComfyUI's own loader builds MODEL, CLIP and VAE from it plus a
-  stride-0 placeholder per diffusion-model weight (no memory); then every diffusion-model weight
-  streams straight into its parameter. Peak memory: one model, the small text encoders/VAE twice
-  while they load, and the engine's bounded buffers.
+"""The merge engine inside ComfyUI: its options with ComfyUI's interrupt and progress bar, the
+process-wide merge cache, the resolver of recipe paths, and a recipe built into MODEL, CLIP, VAE.
+Data flow: docs/design-merge-nodes.md.
 """
 
 from __future__ import annotations
@@ -58,7 +49,8 @@ class MergeValueError(ValueError):
 
 
 def resolve(path: str) -> Path | MemorySource:
-    """A recipe's model ``path`` -> a checked file, or the graph MODEL it names."""
+    """A recipe's model ``path`` -> a checked file (merge_files: folders, security), or the graph MODEL it
+    names (merge_graph)."""
     if merge_graph.is_graph_path(path):
         return merge_graph.graph_source(path)
     return merge_files.model_file(path)
@@ -76,7 +68,9 @@ def _progress() -> Any:
 
 
 def merge_options(*, cache_mb: float = 0, **fields: Any) -> MergeOptions:
-    """``MergeOptions`` for a node: resolver, interrupt, progress bar, cache; other ``fields`` as given.
+    """``MergeOptions`` for a node: resolver, ComfyUI's interrupt (checked between keys and inside long
+    keys), its progress bar and the process-wide ``CACHE`` (``cache_mb`` sets its budget); other
+    ``fields`` as given.
     Intermediates over the memory budget spill into ComfyUI's temp folder (made if missing: ComfyUI
     removes it at startup)."""
     spill = Path(folder_paths.get_temp_directory())
@@ -113,7 +107,11 @@ class _ParamSink:
 
 
 def build_models(session: MergeSession, reuse: list | None = None) -> tuple[Any, Any, Any]:
-    """(MODEL, CLIP or None, VAE or None) holding the merged weights (see the module docstring).
+    """(MODEL, CLIP or None, VAE or None) holding the merged weights: keys outside the diffusion model
+    stream into a dict; ComfyUI's own loader builds MODEL, CLIP and VAE from it plus a stride-0
+    placeholder per diffusion-model weight (no memory); then every diffusion-model weight streams
+    straight into its parameter. Peak memory: one model, the small text encoders/VAE twice while they
+    load, and the engine's bounded buffers.
 
     ``reuse``: a list holding the only reference to a MODEL an earlier merge built (Merge Grid's previous
     variant, no longer used): when the recipe gives only diffusion-model weights of its shapes, they
