@@ -133,6 +133,7 @@ def make_cond(
     set_cond_area: str = "default",
     timesteps_range: tuple[float, float] | None = None,
     image_side: int | None = None,
+    shape: tuple[int, int, int] | None = None,
 ) -> Conditioning:
     """Synthesized conditioning for ``arch`` (std-1 normal tensors from ``seed``), core properties set.
 
@@ -140,11 +141,13 @@ def make_cond(
     ``strength`` (the mask's), ``set_cond_area`` and ``timesteps_range`` are applied with
     ``comfy.hooks.set_conds_props``, i.e. exactly as the core "Cond Set Props" / ConditioningSetMask
     nodes do. ``image_side`` sets SDXL's size keys (default: 8 * LATENT_SIZE, the image tests sample).
+    ``shape``: (text tokens, their width, the pooled vector's width) of another model of the family (the
+    benchmarks' real-width Flux.1), instead of COND_SHAPES[arch].
     """
     import comfy.hooks
 
     _check_arch(arch, tuple(COND_SHAPES))
-    tokens, width, pooled_width = COND_SHAPES[arch]
+    tokens, width, pooled_width = shape or COND_SHAPES[arch]
     generator = torch.Generator().manual_seed(seed)
     cross_attn = torch.randn((1, tokens, width), generator=generator)
     extra: dict[str, Any] = {"pooled_output": torch.randn((1, pooled_width), generator=generator)}

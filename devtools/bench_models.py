@@ -350,14 +350,12 @@ def load_unet(spec: ArchSpec) -> ModelPatcher:
 
 
 def flux_prompt(seed: int) -> list:
-    """Flux.1 conditioning as CLIPTextEncodeFlux gives it, synthesized: FLUX_TEXT_TOKENS T5-XXL tokens (4096
-    wide), CLIP-L's pooled vector, FluxGuidance's default guidance; std-1 normal from ``seed``."""
-    import torch
+    """Flux.1 conditioning as CLIPTextEncodeFlux and FluxGuidance give it, synthesized at Flux.1 [dev]'s
+    widths: FLUX_TEXT_TOKENS T5-XXL tokens, CLIP-L's pooled vector, the default guidance."""
+    import arch_sampling
 
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randn((1, FLUX_TEXT_TOKENS, FLUX_DEV["context_in_dim"]), generator=generator)
-    pooled = torch.randn((1, FLUX_DEV["vec_in_dim"]), generator=generator)
-    return [[tokens, {"pooled_output": pooled, "guidance": 3.5}]]
+    shape = (FLUX_TEXT_TOKENS, FLUX_DEV["context_in_dim"], FLUX_DEV["vec_in_dim"])
+    return arch_sampling.make_cond("flux", seed, shape=shape)
 
 
 def encode_prompts(n: dict, clip) -> dict[str, Any]:
