@@ -187,7 +187,7 @@ class Bench:
         self.model, self.clip, self.loras = inputs.model, inputs.clip, inputs.loras
         self.positive, self.negative = inputs.prompts["positive"], inputs.prompts["negative"]
         self.left, self.right = inputs.prompts["left"], inputs.prompts["right"]
-        self.fast_model, _clip = n["PatchbayHookEngine"]().enable(self.model, 2048.0)
+        self.fast_model, _clip = n["PatchbayHookEngine"]().execute(self.model, 2048.0)
         self.meter = bench_memory.RunMeter(setup.device)
         self.compiled = False
 
@@ -489,7 +489,7 @@ def compile_models(bench: Bench) -> None:
     (inductor), Fast Hooks on top of it; "plain" is then the compiled model without hooks. The untimed
     warm-up round compiles every graph (core's, the hooked ones, each batch and latent size)."""
     bench.model = bench.n["TorchCompileModel"].execute(bench.model, "inductor")[0]
-    bench.fast_model, _clip = bench.n["PatchbayHookEngine"]().enable(bench.model, 2048.0)
+    bench.fast_model, _clip = bench.n["PatchbayHookEngine"]().execute(bench.model, 2048.0)
     bench.compiled = True
     print("--compile: every contender samples the TorchCompileModel (inductor) model; no memory probes",
           file=sys.stderr)

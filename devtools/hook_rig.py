@@ -36,7 +36,7 @@ class Rig:
         return self._encoded[text]
 
     def fast(self, model=None, cache_mb=2048.0):
-        return self.n["PatchbayHookEngine"]().enable(model or self.model, cache_mb)[0]
+        return self.n["PatchbayHookEngine"]().execute(model or self.model, cache_mb)[0]
 
     def engine(self, model):
         return self.engine_module.hook_engine_of(model)

@@ -1,5 +1,7 @@
 """Node registration: every ``nodes/*.py`` ends with a ``NODES`` list; this is the one loop over them,
-giving each class its id, display name and ``SEARCH_ALIASES`` (nodes/search_terms.py).
+giving each class its id, display name and ``SEARCH_ALIASES`` (nodes/search_terms.py). V1 classes and
+V3 ones (``io.ComfyNode``, nodes/v3.py, whose schema carries the aliases itself) share the mapping, as
+in ComfyUI's own loader.
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
+from comfy_api.latest import io
+
 from ..hooks import block_weights, lbw
 from ..merge import architectures
 from ..merge import blocks as merge_blocks
+from . import v3
 
 if TYPE_CHECKING:
     from comfy.hooks import HookGroup
@@ -93,46 +96,44 @@ def model_strength_map(text: str, model: ModelPatcher, arch: str = AUTO) -> Call
     return strength_map(text, arch, keys)
 
 
-class PatchbayHookBlockWeights:
+_BLOCKS_TIP = ("block=strength items: SD1.5/SDXL BASE, IN00.., M00, OUT00..; Flux double_blocks.N, "
+               "single_blocks.N, Wan blocks.N ... (counted from the model); ranges (double_blocks.0-7=0.5, "
+               "IN00-05=0), globs (OUT*, single_blocks.*) and default (1 when left out). BASE = the text "
+               "encoder. Or, as A1111's LoRA Block Weight: a preset (INALL, MIDD, OUTD, OUTALL, ALL, "
+               "FLUXALL, ...) or a number list (SD1.5 17 or 26, SDXL 12 or 20, Flux 61).")
+
+
+class PatchbayHookBlockWeights(v3.Node):
     NODE_ID = "PatchbayHookBlockWeights"
     DISPLAY_NAME = "LoRA Hook Block Weights (Patchbay)"
-    DESCRIPTION = ("Per-block strengths on LoRA hooks (the block names of every family of the architecture "
-                   "table, ranges such as double_blocks.0-7=0.5, or an A1111 LoRA Block Weight preset such "
-                   "as OUTALL or number list), e.g. to keep a regional or scheduled LoRA out of the blocks "
-                   "that carry style.")
-    CATEGORY = "Patchbay/hooks/create"
-    FUNCTION = "apply"
-    RETURN_TYPES = ("HOOKS",)
-    RETURN_NAMES = ("hooks",)
-    OUTPUT_TOOLTIPS = ("New hooks: each LoRA scaled block by block (schedules and strengths kept).",)
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {
-            "required": {
-                "hooks": ("HOOKS", {"tooltip": "LoRA hooks (Patchbay's or core's Create Hook LoRA)."}),
-                "model": ("MODEL", {"tooltip": "The model the hooks are for (maps LoRA keys to blocks)."}),
-                "blocks": ("STRING", {"default": "IN00=1, M00=1, OUT00=1, default=1", "multiline": True,
-                                      "tooltip": "block=strength items: SD1.5/SDXL BASE, IN00.., M00, "
-                                                 "OUT00..; Flux double_blocks.N, single_blocks.N, Wan "
-                                                 "blocks.N ... (counted from the model); ranges "
-                                                 "(double_blocks.0-7=0.5, IN00-05=0), globs (OUT*, "
-                                                 "single_blocks.*) and default (1 when left out). BASE = the "
-                                                 "text encoder. Or, as A1111's LoRA Block Weight: a preset "
-                                                 "(INALL, MIDD, OUTD, OUTALL, ALL, FLUXALL, ...) or a "
-                                                 "number list (SD1.5 17 or 26, SDXL 12 or 20, Flux 61)."}),
-                "arch": ([AUTO, *merge_blocks.ARCHS],
-                         {"tooltip": "Whose block names (the families of the architecture table); auto: "
-                                     "detected from the model's keys."}),
-            },
-            "optional": {"clip": ("CLIP", {"tooltip": "Connect when the hooks also go on the CLIP "
-                                                      "(Set CLIP Hooks), so BASE applies to it."})},
-        }
+    def define_schema(cls) -> io.Schema:
+        return v3.schema(
+            cls, category="Patchbay/hooks/create",
+            description=("Per-block strengths on LoRA hooks (the block names of every family of the "
+                         "architecture table, ranges such as double_blocks.0-7=0.5, or an A1111 LoRA Block "
+                         "Weight preset such as OUTALL or number list), e.g. to keep a regional or scheduled "
+                         "LoRA out of the blocks that carry style."),
+            inputs=[
+                io.Hooks.Input("hooks", tooltip="LoRA hooks (Patchbay's or core's Create Hook LoRA)."),
+                io.Model.Input("model", tooltip="The model the hooks are for (maps LoRA keys to blocks)."),
+                io.String.Input("blocks", default="IN00=1, M00=1, OUT00=1, default=1", multiline=True,
+                                tooltip=_BLOCKS_TIP),
+                io.Combo.Input("arch", options=[AUTO, *merge_blocks.ARCHS],
+                               tooltip="Whose block names (the families of the architecture table); auto: "
+                                       "detected from the model's keys."),
+                io.Clip.Input("clip", optional=True, tooltip="Connect when the hooks also go on the CLIP "
+                                                             "(Set CLIP Hooks), so BASE applies to it."),
+            ],
+            outputs=[v3.output(io.Hooks, "hooks", "New hooks: each LoRA scaled block by block (schedules and "
+                                                  "strengths kept).")])
 
-    def apply(self, hooks: HookGroup, model: ModelPatcher, blocks: str, arch: str = AUTO,
-              clip: CLIP | None = None) -> tuple:
+    @classmethod
+    def execute(cls, hooks: HookGroup, model: ModelPatcher, blocks: str, arch: str = AUTO,
+                clip: CLIP | None = None) -> io.NodeOutput:
         strength_of = model_strength_map(blocks, model, arch)
-        return (block_weights.block_weighted(hooks, model, clip, strength_of),)
+        return io.NodeOutput(block_weights.block_weighted(hooks, model, clip, strength_of))
 
 
 NODES = [PatchbayHookBlockWeights]

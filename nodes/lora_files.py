@@ -87,7 +87,13 @@ def _checkpoint_weights(path: str) -> tuple[dict, dict | None]:
 
 
 class ReadsLoras:
-    """Base of the nodes that read LoRA files: each node instance keeps its last ``FILES_KEPT`` files."""
+    """Base of the nodes that read LoRA files: each node instance keeps its last ``FILES_KEPT`` files.
+
+    These nodes stay on ComfyUI's V1 API: a V3 ``execute`` runs on a locked copy of the class and never
+    sees the node object ComfyUI keeps per node id, so the files could only be kept process-wide or under
+    a hidden UNIQUE_ID (which puts the node id into the node's cache key). Kept files keep their tensors,
+    and with them the CLIP encodings hooks/clip_cache.py keys on, when the node runs again with another
+    strength or schedule (core's CreateHookLora keeps its last LoRA the same way and stays V1 in 0.33)."""
 
     FILES_KEPT = 4
 

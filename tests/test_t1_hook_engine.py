@@ -171,7 +171,7 @@ def test_scheduled_clip_hooks_encode_once_per_range_and_are_cached(rig):
 
     expected, _ = encode(rig.clip, clip_hooks(1.0, 1.0))
     assert len(expected) == 2 and not torch.equal(expected[0][0], expected[1][0]), "two encoded ranges"
-    _, fast_clip = n["PatchbayHookEngine"]().enable(rig.model, 2048.0, rig.clip)
+    _, fast_clip = n["PatchbayHookEngine"]().execute(rig.model, 2048.0, rig.clip)
     first, hooked = encode(fast_clip, clip_hooks(1.0, 1.0))
     cache = clip_cache_of(hooked)
     assert same(first, expected) and (cache.misses, cache.hits) == (2, 0), "once per strength range"

@@ -167,7 +167,7 @@ def block_map_diff(comfy, engine, family, model, lora, case) -> tuple[float, flo
     effect = effect_of(whole, sample(family, model), f"{family.name} {text!r}")
     assert (expected - whole).abs().max() > 0.1 * effect, "the block map barely changes the LoRA"
     hooks = arch_sampling.hook_lora(lora, STRENGTH)
-    (weighted,) = blocks.PatchbayHookBlockWeights().apply(hooks, model, text)
+    (weighted,) = blocks.PatchbayHookBlockWeights().execute(hooks, model, text)
     actual = claimed_sample(engine, family, model, weighted)
     return (actual - expected).abs().max().item(), effect
 

@@ -50,7 +50,7 @@ def pb(comfy):
 
 
 def fast(n, model, rounding="compute"):
-    return n["PatchbayHookEngine"]().enable(model, 2048.0, rounding=rounding)[0]
+    return n["PatchbayHookEngine"]().execute(model, 2048.0, rounding=rounding)[0]
 
 
 def sample(arch, model, positive=None, negative=None, hooks=None, steps=STEPS):

@@ -90,17 +90,17 @@ def assert_same_as_core(rig, hooks, core_hooks, what, neg_too=False):
 def test_floats_keyframes_reach_the_last_value_where_cores_never_do(rig):
     floats = [0.0, 0.25, 0.75, 1.0]
     (core_kf,) = rig.node("CreateHookKeyframesFromFloats").create_hook_keyframes(floats, 0.0, 1.0)
-    (ours_kf,) = rig.node("PatchbayHookKeyframesFromFloats").make(floats, 0.0, 1.0)
+    (ours_kf,) = rig.node("PatchbayHookKeyframesFromFloats").execute(floats, 0.0, 1.0)
     assert rig.trace(rig.core_hook(kf=core_kf), steps=8) == [(0, 0, 0, 0.25, 0.25, 0.75, 0.75, 0.75)]
     assert rig.trace(rig.keyframed(ours_kf), steps=8) == [(0, 0, 0, 0.25, 0.25, 0.75, 0.75, 1.0)]
     # a fade-out reaches 0 on the last step
-    (fade,) = rig.node("PatchbayHookKeyframesFromFloats").make([1.0, 0.5, 0.0], 0.0, 1.0)
+    (fade,) = rig.node("PatchbayHookKeyframesFromFloats").execute([1.0, 0.5, 0.0], 0.0, 1.0)
     assert rig.trace(rig.keyframed(fade), steps=8)[0][-1] == 0.0
 
 
 def test_floats_keyframes_equal_core_chain(rig):
     floats = [0.25, 1.0, 0.5]
-    (ours,) = rig.node("PatchbayHookKeyframesFromFloats").make(floats, 0.0, 1.0)
+    (ours,) = rig.node("PatchbayHookKeyframesFromFloats").execute(floats, 0.0, 1.0)
     last = rig.percent_starting_at(STEPS - 1)
     core = rig.core_keyframes([(0.25, 0.0), (1.0, 0.5), (0.5, last)])
     assert rig.trace(rig.keyframed(ours)) == rig.trace(rig.core_hook(kf=core))
@@ -108,7 +108,7 @@ def test_floats_keyframes_equal_core_chain(rig):
 
 
 def test_floats_keyframes_before_the_end_are_cores(rig):
-    (ours,) = rig.node("PatchbayHookKeyframesFromFloats").make([1.0, 0.0], 0.0, 0.6)
+    (ours,) = rig.node("PatchbayHookKeyframesFromFloats").execute([1.0, 0.0], 0.0, 0.6)
     (core,) = rig.node("CreateHookKeyframesFromFloats").create_hook_keyframes([1.0, 0.0], 0.0, 0.6)
     assert rig.trace(rig.keyframed(ours), 8) == rig.trace(rig.core_hook(kf=core), 8)
     assert_same_as_core(rig, rig.keyframed(ours), rig.core_hook(kf=core), "FLOATS keyframes ending at 0.6")
@@ -116,18 +116,18 @@ def test_floats_keyframes_before_the_end_are_cores(rig):
 
 def test_interpolated_keyframes_equal_cores_before_the_end(rig):
     args = (0.0, 1.0, "ease_in_out", 0.0, 0.7, 4)
-    (ours,) = rig.node("PatchbayHookKeyframesInterpolated").make(*args)
+    (ours,) = rig.node("PatchbayHookKeyframesInterpolated").execute(*args)
     (core,) = rig.node("CreateHookKeyframesInterpolated").create_hook_keyframes(*args)
     assert rig.trace(rig.keyframed(ours), 8)[0] == pytest.approx(rig.trace(rig.core_hook(kf=core), 8)[0])
     assert_same_as_core(rig, rig.keyframed(ours), rig.core_hook(kf=core), "interpolated keyframes")
-    (to_end,) = rig.node("PatchbayHookKeyframesInterpolated").make(1.0, 0.0, "linear", 0.0, 1.0, 3)
+    (to_end,) = rig.node("PatchbayHookKeyframesInterpolated").execute(1.0, 0.0, "linear", 0.0, 1.0, 3)
     assert rig.trace(rig.keyframed(to_end), 8)[0][-1] == 0.0
 
 
 def test_single_keyframe_chains_with_cores(rig):
-    (kf,) = rig.node("PatchbayHookKeyframe").make(0.3, 0.0)
+    (kf,) = rig.node("PatchbayHookKeyframe").execute(0.3, 0.0)
     (kf,) = rig.node("CreateHookKeyframe").create_hook_keyframe(1.0, 0.5, prev_hook_kf=kf)
-    (kf,) = rig.node("PatchbayHookKeyframe").make(0.0, 1.0, prev_hook_kf=kf)
+    (kf,) = rig.node("PatchbayHookKeyframe").execute(0.0, 1.0, prev_hook_kf=kf)
     assert type(kf).__name__ == "KeyframeGroup", "core's node adds to a clone of our group"
     core = rig.core_keyframes([(0.3, 0.0), (1.0, 0.5), (0.0, rig.percent_starting_at(STEPS - 1))])
     assert rig.trace(rig.keyframed(kf)) == rig.trace(rig.core_hook(kf=core))
@@ -136,7 +136,7 @@ def test_single_keyframe_chains_with_cores(rig):
 
 
 def test_text_keyframes_by_percent_step_and_sigma(rig):
-    make = rig.node("PatchbayHookKeyframesFromText").make
+    make = rig.node("PatchbayHookKeyframesFromText").execute
     sigmas = rig.sigmas()
     core = rig.core_keyframes([(0.2, 0.0), (1.0, rig.percent_starting_at(2))])
     expected = rig.trace(rig.core_hook(kf=core))
@@ -152,14 +152,14 @@ def test_text_keyframes_by_percent_step_and_sigma(rig):
 
 
 def test_a_step_past_the_run_is_never_reached(rig):
-    (kf,) = rig.node("PatchbayHookKeyframesFromText").make("1@0, 0@10", "step")
+    (kf,) = rig.node("PatchbayHookKeyframesFromText").execute("1@0, 0@10", "step")
     assert rig.trace(rig.keyframed(kf)) == [(1.0,) * STEPS]
 
 
 def test_text_errors_at_validation_time(rig):
     cls = rig.n["PatchbayHookKeyframesFromText"]
-    assert cls.VALIDATE_INPUTS("0@0, 1@0.5", "percent") is True
-    message = cls.VALIDATE_INPUTS("0@0, 1@1.5", "percent")
+    assert cls.validate_inputs("0@0, 1@0.5", "percent") is True
+    message = cls.validate_inputs("0@0, 1@1.5", "percent")
     assert "column 8 is outside [0, 1]" in message
 
 
@@ -170,7 +170,7 @@ def test_text_errors_at_validation_time(rig):
 ])
 def test_keyframe_errors(rig, node_id, args, needle):
     with pytest.raises(ValueError, match=None) as info:
-        rig.node(node_id).make(*args)
+        rig.node(node_id).execute(*args)
     assert needle in str(info.value)
 
 
@@ -265,14 +265,14 @@ def test_preview_shows_what_sampling_applies(rig, scheduler, denoise):
     trace = importlib.import_module(rig.comfy.pack.__name__ + ".patcher.trace")
     plot = importlib.import_module(rig.comfy.pack.__name__ + ".patcher.trace_plot")
     steps = 6
-    (ours_kf,) = rig.node("PatchbayHookKeyframesFromText").make("0.25@0, 1@0.4, 0@1", "percent")
+    (ours_kf,) = rig.node("PatchbayHookKeyframesFromText").execute("0.25@0, 1@0.4, 0@1", "percent")
     (core_kf,) = rig.node("CreateHookKeyframesFromFloats").create_hook_keyframes([0.5, 1.0, 0.2], 0.0, 1.0)
     last = {}
     for what, kf in (("ours", ours_kf), ("core", core_kf)):
         hooks = rig.keyframed(kf)
         preview = rig.node("PatchbayHookSchedulePreview")
-        image, report = preview.draw(rig.model, hooks, steps, scheduler, denoise)
-        (traced,) = rig.node("PatchbayTrace").trace(rig.model)
+        image, report = preview.execute(rig.model, hooks, steps, scheduler, denoise)
+        (traced,) = rig.node("PatchbayTrace").execute(rig.model)
         rig.node("KSampler").sample(traced, 1, steps, 7.0, "euler", scheduler, rig.with_hooks(rig.pos, hooks),
                                     rig.neg, rig.latent, denoise=denoise)
         (lane,) = [lane for lane in plot.lanes(trace.last_trace(traced)) if lane.kind == "hook"]
@@ -288,7 +288,7 @@ def test_preview_shows_what_sampling_applies(rig, scheduler, denoise):
 
 def test_preview_errors_name_the_value(rig):
     with pytest.raises(ValueError, match=r"denoise 0.0 is outside \(0, 1\]"):
-        rig.node("PatchbayHookSchedulePreview").draw(rig.model, rig.core_hook(), 4, "normal", 0.0)
+        rig.node("PatchbayHookSchedulePreview").execute(rig.model, rig.core_hook(), 4, "normal", 0.0)
 
 
 # --- regional and prompt LoRA ----------------------------------------------------------------------
@@ -407,7 +407,7 @@ def core_hook_from(lora, strength=1.0):
 
 
 def test_block_weights_scale_by_block(rig):
-    weigh = rig.node("PatchbayHookBlockWeights").apply
+    weigh = rig.node("PatchbayHookBlockWeights").execute
     (ours,) = rig.node("PatchbayHookLora").create(LORA, 1.0, 1.0)
     (half,) = weigh(ours, rig.model, "default=0.5", "auto")
     assert_same_as_core(rig, half, rig.core_hook(LORA, 0.5), "block weights default=0.5")
@@ -421,9 +421,9 @@ def test_block_weights_scale_by_block(rig):
 
 
 def test_block_weights_on_loha_keep_the_schedule(rig):
-    (kf,) = rig.node("PatchbayHookKeyframesFromText").make("0.5@0, 1@0.5", "percent")
+    (kf,) = rig.node("PatchbayHookKeyframesFromText").execute("0.5@0, 1@0.5", "percent")
     (ours,) = rig.node("PatchbayHookLora").create("patchbay-loha-r4.safetensors", 1.0, 1.0, hook_kf=kf)
-    (weighted,) = rig.node("PatchbayHookBlockWeights").apply(ours, rig.model, "IN*=0.5, M00=0.5, OUT*=0.5",
+    (weighted,) = rig.node("PatchbayHookBlockWeights").execute(ours, rig.model, "IN*=0.5, M00=0.5, OUT*=0.5",
                                                              "sd15")
     core = rig.core_hook("patchbay-loha-r4.safetensors", 0.5, rig.core_keyframes([(0.5, 0.0), (1.0, 0.5)]))
     assert rig.trace(weighted) == rig.trace(ours), "the schedule is kept"
@@ -442,7 +442,7 @@ def test_block_weights_on_loha_keep_the_schedule(rig):
 def test_block_map_errors(rig, text, needle):
     (ours,) = rig.node("PatchbayHookLora").create(LORA, 1.0, 1.0)
     with pytest.raises(ValueError) as info:
-        rig.node("PatchbayHookBlockWeights").apply(ours, rig.model, text, "auto")
+        rig.node("PatchbayHookBlockWeights").execute(ours, rig.model, text, "auto")
     assert needle in str(info.value)
 
 
@@ -468,7 +468,7 @@ def test_block_weights_on_sdxl_and_flux_loras_equal_the_file_without_those_block
     import comfy.sd
 
     engine = rig.comfy.pack.hooks.enable
-    weigh = rig.node("PatchbayHookBlockWeights").apply
+    weigh = rig.node("PatchbayHookBlockWeights").execute
     model = arch_sampling.shared_model(arch)
     fast = engine.enable_hook_engine(model)
     steps = {"sdxl": 3, "flux": 2}[arch]
@@ -639,7 +639,7 @@ def test_flux_vector_resolves_as_its_block_name_form(blocks):
 
 @pytest.mark.parametrize("preset", ["MIDD", "OUTALL"])
 def test_preset_hooks_equal_block_name_hooks(rig, preset):
-    weigh = rig.node("PatchbayHookBlockWeights").apply
+    weigh = rig.node("PatchbayHookBlockWeights").execute
     (hooks,) = rig.node("PatchbayHookLora").create(LOCON, 0.8, 0.8)
     same_hooks(weigh(hooks, rig.model, preset, "auto", rig.clip)[0],
                weigh(hooks, rig.model, SD15_FORMS[preset], "sd15", rig.clip)[0])
@@ -649,7 +649,7 @@ def test_prompt_lora_lbw_equals_the_block_weights_chain(rig):
     encode = rig.node("PatchbayPromptLora").encode
     cond, model, hooks = encode(rig.clip, f"a knight <lora:{LOCON}:0.8:lbw=OUTALL> in armor", rig.model)
     _, _, whole = encode(rig.clip, f"a knight <lora:{LOCON}:0.8> in armor", rig.model)
-    (weighted,) = rig.node("PatchbayHookBlockWeights").apply(whole, rig.model, SD15_FORMS["OUTALL"], "sd15",
+    (weighted,) = rig.node("PatchbayHookBlockWeights").execute(whole, rig.model, SD15_FORMS["OUTALL"], "sd15",
                                                             rig.clip)
     same_hooks(hooks, weighted)
     (core_clip,) = rig.node("SetClipHooks").apply_hooks(rig.clip, False, True, weighted)
@@ -691,7 +691,7 @@ def test_block_maps_of_the_new_families_follow_the_model_keys(blocks):
     assert strength("diffusion_model.double_blocks.1.img_attn.qkv.weight") == 0.4
     assert strength("diffusion_model.img_in.weight") == 0.2
     assert {blocks.strength_map("FLUXALL", "flux", small)(k.removeprefix("model.")) for k in small} == {1.0}
-    menu = blocks.PatchbayHookBlockWeights.INPUT_TYPES()["required"]["arch"][0]
+    menu = blocks.PatchbayHookBlockWeights.INPUT_TYPES()["required"]["arch"][1]["options"]  # a V3 combo
     assert menu == ["auto", *blocks.architectures.BY_ID]  # the architecture table's families
 
 

@@ -27,16 +27,16 @@ def test_the_stack_is_the_tuples_a_comfyroll_stack_holds_and_the_input_is_not_ch
     node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayLoraStacker"]()
     incoming = [("None", 1.0, 1.0), (LOHA, 0.5, 0.25)]  # as CR LoRA Stack leaves an unused entry
     unused = ("None", 0.3, 0.3)
-    (stack,) = node.stack(lora_stack=incoming, **slots((LORA, 0.8, 1.0), unused, (LOCON, -0.5, 0)))
+    (stack,) = node.execute(lora_stack=incoming, **slots((LORA, 0.8, 1.0), unused, (LOCON, -0.5, 0)))
     assert stack == [(LOHA, 0.5, 0.25), (LORA, 0.8, 1.0), (LOCON, -0.5, 0.0)]
     assert all(type(entry) is tuple and len(entry) == 3 for entry in stack)
     assert incoming == [("None", 1.0, 1.0), (LOHA, 0.5, 0.25)]
-    assert node.stack(**slots()) == ([],)
+    assert node.execute(**slots()).args == ([],)
 
 
 def test_lora_stack_to_hooks_makes_one_hook_per_entry_at_its_strengths(comfy):
     nodes = comfy.pack.NODE_CLASS_MAPPINGS
-    (stack,) = nodes["PatchbayLoraStacker"]().stack(**slots((LORA, 0.8, 1.0), (LOCON, -0.5, 0.25)))
+    (stack,) = nodes["PatchbayLoraStacker"]().execute(**slots((LORA, 0.8, 1.0), (LOCON, -0.5, 0.25)))
     (hooks,) = nodes["PatchbayLoraStackHooks"]().create(stack, "", "percent")
     assert [(h.strength_model, h.strength_clip) for h in hooks.hooks] == [(0.8, 1.0), (-0.5, 0.25)]
     (scheduled,) = nodes["PatchbayLoraStackHooks"]().create(stack, "2: 0@0, 1@0.5", "percent")

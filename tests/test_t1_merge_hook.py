@@ -73,7 +73,7 @@ def test_recipe_hook_at_strength_1_samples_the_merged_model_and_at_0_the_base(ri
 
 def test_a_keyframed_fade_in_equals_the_same_model_as_lora_hook_chain(rig):
     recipe, base = rig.merge()
-    (kf,) = rig.n["PatchbayHookKeyframesFromText"]().make("0@0, 0.5@0.4, 1@1", "percent")
+    (kf,) = rig.n["PatchbayHookKeyframesFromText"]().execute("0@0, 0.5@0.4, 1@1", "percent")
     ours = rig.recipe_hook(recipe, base, kf=kf)
     (theirs,) = rig.n["CreateHookModelAsLoraModelOnly"]().create_hook_model_only(CKPT_B, ALPHA)
     (theirs,) = rig.n["SetHookKeyframes"]().set_hook_keyframes(theirs, kf)

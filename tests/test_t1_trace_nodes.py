@@ -19,7 +19,7 @@ def traced_run(comfy):
 
     n, ours = comfy.nodes.NODE_CLASS_MAPPINGS, comfy.pack.NODE_CLASS_MAPPINGS
     model, clip, _vae = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    (traced,) = ours["PatchbayTrace"]().trace(model)
+    (traced,) = ours["PatchbayTrace"]().execute(model)
     (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight in armor")
     (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
     (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
@@ -42,7 +42,7 @@ def test_timeline_of_a_scheduled_hook(comfy, traced_run):
     plot = importlib.import_module(f"{comfy.pack.__name__}.patcher.trace_plot")
     trace = importlib.import_module(f"{comfy.pack.__name__}.patcher.trace")
     _model, traced, samples = traced_run
-    image, report = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayTraceTimeline"]().plot(traced, samples)
+    image, report = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayTraceTimeline"]().execute(traced, samples)
     assert image.shape[0] == 1 and image.shape[3] == 3 and image.dtype == torch.float32
     assert image.std() > 0.05
     hook_lanes = [lane for lane in plot.lanes(trace.last_trace(traced)) if lane.kind == "hook"]
@@ -55,6 +55,6 @@ def test_timeline_of_a_scheduled_hook(comfy, traced_run):
 
 def test_timeline_without_a_trace_says_how_to_get_one(comfy, traced_run):
     model, _traced, samples = traced_run
-    image, report = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayTraceTimeline"]().plot(model, samples)
+    image, report = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayTraceTimeline"]().execute(model, samples)
     assert image.shape[0] == 1 and image.shape[3] == 3
     assert "no trace recorded for this model: put Trace Sampling (Patchbay) before the sampler" in report
