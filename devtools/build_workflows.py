@@ -38,6 +38,7 @@ from typing import Any
 import devpaths
 from comfy_server import ComfyServer
 from frontend import HEADLESS_SETTINGS, Frontend
+from node_footprints import footprint
 from widget_layout import EXTENSION_WIDGETS
 from workflow_api import FRONTEND_ONLY_TYPES
 from workflow_catalog import bundled_path, template
@@ -52,6 +53,9 @@ THUMBNAIL_WIDTH = 640
 CAPTION_SIZE, CAPTION_PAD, CAPTION_COLORS = 28, 14, ((30, 34, 40), (240, 240, 240))
 NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
 NOTE_SIZE = (480, 280)  # a few lines, readable at the zoom that fits the whole graph
+# Darker than the notes' default (#653), on which Nodes 2.0's grey note text has a contrast of 2.8;
+# here 5.4 (T3 asks for 4.5, WCAG AA). The title bar keeps the default #432.
+NOTE_BACKGROUND = "#332922"
 FIT_CANVAS = (1425, 755)  # graph units Fit View fills on 1920x1080 at zoom 1 (measured; it leaves margins)
 COLUMN_CAPS = (None, 1400.0, 1100.0, 800.0, 600.0)
 TEXT_NODE_WIDTH = 400  # the width LiteGraph gives a node with a multiline text box
@@ -101,7 +105,9 @@ def layout(workflow: dict[str, Any]) -> dict[str, Any]:
     them) too, so loaders and empty latents sit beside what they feed. Notes (NOTE_SIZE) go either in
     a row across the top or first in the leftmost column; a column taller than a cap may be split into
     side-by-side sub-columns (nodes of one column never link to each other, so links still run left to
-    right). The candidates are scored by FIT_CANVAS; ties keep the earlier, simpler one.
+    right). The candidates are scored by FIT_CANVAS; ties keep the earlier, simpler one. Nodes are
+    spaced by their footprint (devtools/node_footprints.py): the room they take in either node design
+    of the newest frontend, and after a run where they show a picture.
     """
     best: tuple[float, dict[str, Any]] | None = None
     for notes_on_top in (True, False):
@@ -116,9 +122,10 @@ def layout(workflow: dict[str, Any]) -> dict[str, Any]:
 
 
 def fit_score(workflow: dict[str, Any]) -> float:
-    """The zoom at which the graph's bounding box (title bars included) fits FIT_CANVAS."""
-    boxes = [(x, y - TITLE_HEIGHT, x + w, y + h) for (x, y), (w, h) in
-             ((node["pos"], node["size"]) for node in workflow["nodes"])]
+    """The zoom at which the graph's bounding box before a run (footprints, title bars included) fits
+    FIT_CANVAS: what Fit View shows when the workflow is opened."""
+    boxes = [(x, y - TITLE_HEIGHT, x + w, y - TITLE_HEIGHT + h) for (x, y), (w, h) in
+             ((node["pos"], footprint(node, after_run=False)) for node in workflow["nodes"])]
     if not boxes:
         return 1.0
     width = max(b[2] for b in boxes) - min(b[0] for b in boxes)
@@ -130,6 +137,7 @@ def _arrange(workflow: dict[str, Any], notes_on_top: bool, cap: float | None) ->
     notes = sorted((node for node in workflow["nodes"] if node["type"] in NOTE_TYPES), key=lambda n: n["id"])
     for note in notes:
         note["size"] = list(NOTE_SIZE)
+        note["bgcolor"] = NOTE_BACKGROUND
     for node in workflow["nodes"]:
         if node["type"] not in NOTE_TYPES and node["size"][0] == TEXT_NODE_WIDTH:
             node["size"] = [node["size"][0] - TEXT_NODE_SHRINK[0], node["size"][1] - TEXT_NODE_SHRINK[1]]
@@ -147,7 +155,7 @@ def _arrange(workflow: dict[str, Any], notes_on_top: bool, cap: float | None) ->
     first = min(column.values(), default=0)
     for note in notes if not notes_on_top else ():
         column[note["id"]] = first
-    heights = {nid: node["size"][1] + TITLE_HEIGHT for nid, node in nodes.items()}
+    heights = {nid: footprint(node)[1] for nid, node in nodes.items()}  # either design, after a run too
     columns = []
     for col in range(first, max(column.values(), default=-1) + 1):
         columns += _split([nid for nid in sorted(nodes) if column[nid] == col], heights, cap)
@@ -161,7 +169,7 @@ def _arrange(workflow: dict[str, Any], notes_on_top: bool, cap: float | None) ->
     for members in columns:
         for nid in members:
             nodes[nid]["pos"] = [round(x), round(ys[nid] - lift)]
-        x += max(nodes[nid]["size"][0] for nid in members) + GAP_X
+        x += max(footprint(nodes[nid])[0] for nid in members) + GAP_X
 
 
 def _split(members: list[Any], heights: dict[Any, float], cap: float | None) -> list[list[Any]]:

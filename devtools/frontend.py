@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import frontend_checks as checks
+
 __all__ = ["CHROMIUM", "Frontend", "FrontendError", "HEADLESS_SETTINGS"]
 
 CHROMIUM = os.environ.get("PATCHBAY_CHROMIUM", "/usr/bin/chromium")
@@ -81,6 +83,30 @@ _CANVAS_SIZED_JS = """([width, height]) => {
 }"""
 
 
+class _Playwright:
+    """One playwright driver for every open Frontend: its sync API refuses a second one in a thread
+    (T3 holds the session's frontend and the newest frontend's at once)."""
+
+    driver: Any = None
+    users = 0
+
+    @classmethod
+    def acquire(cls) -> Any:
+        if cls.driver is None:
+            from playwright.sync_api import sync_playwright
+
+            cls.driver = sync_playwright().start()
+        cls.users += 1
+        return cls.driver
+
+    @classmethod
+    def release(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0 and cls.driver is not None:
+            cls.driver.stop()
+            cls.driver = None
+
+
 class FrontendError(RuntimeError):
     """The browser or the frontend did not do what was asked; the message says what and where."""
 
@@ -99,15 +125,14 @@ class Frontend:
         self._playwright = None
         self._context = None
         self.page = None
+        self._run_picture: dict[str, str] | None = None
 
     def __enter__(self) -> Frontend:
         if not Path(CHROMIUM).exists():
             raise FrontendError(f"no browser at {CHROMIUM}: install Debian's chromium ('devtools/env.sh "
                                 f"--browser' or 'apt-get install chromium') or set PATCHBAY_CHROMIUM")
-        from playwright.sync_api import sync_playwright
-
         self._profile = tempfile.TemporaryDirectory(prefix="patchbay-chromium-")
-        self._playwright = sync_playwright().start()
+        self._playwright = _Playwright.acquire()
         try:
             self._open()
         except BaseException:
@@ -159,7 +184,7 @@ class Frontend:
             self._context.close()
             self._context = None
         if self._playwright is not None:
-            self._playwright.stop()
+            _Playwright.release()
             self._playwright = None
         if self._profile is not None:
             self._profile.cleanup()
@@ -259,6 +284,38 @@ class Frontend:
             return [...queue.queue_running, ...queue.queue_pending].map((e) => e[1])
                 .concat(Object.keys(history)); }""")
 
+    # -- designs and layout ----------------------------------------------------------------------
+
+    def set_nodes_2(self, enabled: bool) -> None:
+        """Switch the node design (frontend 1.58.1's setting ``Comfy.VueNodes.Enabled``, "Modern Node
+        Design (Nodes 2.0)": nodes as DOM elements instead of drawn on the canvas), as the settings
+        dialog does; the loaded graph is redrawn in it."""
+        self.evaluate("async (on) => app.extensionManager.setting.set('Comfy.VueNodes.Enabled', on)", enabled)
+        self._settle()
+
+    def node_boxes(self) -> dict[str, tuple[float, float, float, float]]:
+        """Per loaded node id: left, top, right, bottom of what it covers, in graph units, title bar
+        included; in Nodes 2.0 its DOM element's box (its content decides its height)."""
+        return {nid: tuple(box) for nid, box in self.evaluate(checks.NODE_BOXES_JS).items()}
+
+    def smallest_text_px(self) -> float:
+        """The smallest node text at the current zoom, in screen pixels (see ``checks.SMALLEST_TEXT_JS``)."""
+        return float(self.evaluate(checks.SMALLEST_TEXT_JS))
+
+    def note_contrasts(self) -> dict[str, float]:
+        """Per Note / MarkdownNote id: the lowest WCAG contrast ratio of its text on its background."""
+        return self.evaluate(checks.NOTE_CONTRAST_JS)
+
+    def show_run_outputs(self, lines: int = 6) -> None:
+        """Show in the loaded graph what a run shows (the server's "executed" messages, replayed): a
+        384x512 picture in every output node that saves or previews images, ``lines`` lines of text in
+        every other output node. Nodes grow as after a real run; nothing is queued."""
+        if self._run_picture is None:
+            self._run_picture = self.evaluate(checks.RUN_PICTURE_JS)
+        text = [f"line {index + 1} of a report a node returns" for index in range(lines)]
+        self.evaluate(checks.SHOW_RUN_JS, [self._run_picture, text])
+        self._settle()
+
     # -- pictures --------------------------------------------------------------------------------
 
     def screenshot_graph(self, path: Path, *, crop: bool = True) -> Path:
@@ -297,17 +354,16 @@ class Frontend:
         return self.evaluate("() => app.canvas.ds.scale")
 
     def _graph_clip(self, margin: float = 24.0) -> dict[str, float] | None:
-        box = self.evaluate("""() => {
+        boxes = list(self.node_boxes().values())  # Nodes 2.0: the DOM nodes, which may be larger
+        if not boxes:
+            return None
+        box = self.evaluate("""([x0, y0, x1, y1]) => {
             const ds = app.canvas.ds, rect = app.canvas.canvas.getBoundingClientRect();
-            let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
-            for (const node of app.graph.nodes) {
-              const [x, y, w, h] = node.boundingRect;
-              x0 = Math.min(x0, x); y0 = Math.min(y0, y); x1 = Math.max(x1, x + w); y1 = Math.max(y1, y + h);
-            }
-            if (x0 === Infinity) return null;
             const sx = (v) => rect.left + (v + ds.offset[0]) * ds.scale;
             const sy = (v) => rect.top + (v + ds.offset[1]) * ds.scale;
-            return [sx(x0), sy(y0), sx(x1), sy(y1)]; }""")
+            return [sx(x0), sy(y0), sx(x1), sy(y1)]; }""",
+                            [min(b[0] for b in boxes), min(b[1] for b in boxes),
+                             max(b[2] for b in boxes), max(b[3] for b in boxes)])
         if box is None:
             return None
         width, height = self.viewport

@@ -1,11 +1,13 @@
 """T3: the real ComfyUI frontend in headless Chromium, served by the T2 session's server.
 
-The frontend is the one the server's ComfyUI pins (1.32.9 with ComfyUI 0.3.75, 1.49.6 with 0.33).
-Every bundled workflow must load with no missing node type and no error toast or dialog; its
-screenshot goes to output/screenshots/<ComfyUI version>/. The frontend's own ``graphToPrompt()`` is
-the reference for devtools/workflow_api.py (run with that frontend's rules): on the bundled
-workflows, on a graph built here with every quirk the converter handles (V3 dynamic inputs too where
-the server has nodes with them), and on the widget layout of every node type the server offers.
+The frontend is the one the server's ComfyUI pins (1.32.9 with ComfyUI 0.3.75, 1.49.6 with 0.33),
+except for the layout checks on 0.33, which run on the newest frontend (1.58.1) in both node designs,
+classic and Nodes 2.0 (``NEWEST_FRONTEND_FROM_COMFYUI`` says why). Every bundled workflow must load
+with no missing node type and no error toast or dialog; its screenshot goes to
+output/screenshots/<ComfyUI version>/. The frontend's own ``graphToPrompt()`` is the reference for
+devtools/workflow_api.py (run with that frontend's rules): on the bundled workflows, on a graph built
+here with every quirk the converter handles (V3 dynamic inputs too where the server has nodes with
+them), and on the widget layout of every node type the server offers.
 """
 
 from __future__ import annotations
@@ -93,38 +95,112 @@ def frontend(comfy_server):
 # floor each, so a layout change cannot make them smaller still unnoticed.
 READABLE_ZOOM = 0.6
 LARGE_WORKFLOWS = {  # by source name (devtools/workflow_sources); the bundled file is named by its title
+    # Since nodes are spaced for Nodes 2.0 and for the pictures a run shows (devtools/node_footprints.py)
+    # the floors are the lower of the two designs' zooms on 1.58.1.
     "regional_two_characters_core_hooks": 0.45,  # core's ten-node chain, shown for comparison
     "regional_lora_four_regions": 0.53,  # five prompts and four masks
-    "attention_couple_four_characters": 0.42,  # Attention Couple's 8 region slots: one node 1300 tall
+    "attention_couple_four_characters": 0.36,  # Attention Couple's 8 region slots: 1644 tall in Nodes 2.0
     "lora_block_weights_hook": 0.57,
-    "merge_ties_three_models": 0.52,  # inputs, deltas, TIES, add_difference, Merge, sampler: 9 columns
-    "recipe_hook_fade_in": 0.57,  # a three-node merge recipe before the hook chain: seven columns
-    "wan22_two_stage_lora": 0.55,  # two experts, two stages, two LoRA hooks, VAE: 20 nodes in eight columns
+    "merge_ties_three_models": 0.51,  # inputs, deltas, TIES, add_difference, Merge, sampler: 9 columns
+    "recipe_hook_fade_in": 0.56,  # a three-node merge recipe before the hook chain: seven columns
+    "wan22_two_stage_lora": 0.53,  # two experts, two stages, two LoRA hooks, VAE: 20 nodes in eight columns
+    "merge_block_weights_sd15": 0.54,  # 26 block values in one node, eight columns
+    "merge_grid_alpha_blocks": 0.53,  # the grid node: 800 tall in Nodes 2.0
+    "trace_timeline_hook_schedule": 0.57,  # two pictures and a report stacked in the last column
 }
+SMALLEST_FONT = 10  # px: Nodes 2.0's smallest labels; at READABLE_ZOOM they are 6 px on screen
+NOTE_CONTRAST = 4.5  # WCAG AA for body text
+# The layout checks run on the frontend users have. On ComfyUI 0.33 that is the newest frontend
+# (devtools/newest_frontend.py, 1.58.1), in both node designs, instead of the 1.49.6 that 0.33 pins:
+# users update the frontend sooner than ComfyUI, and Nodes 2.0 (1.58.1's DOM nodes, taller than the
+# canvas' ones) is where neighbours first covered widgets. The rest of this tier stays on the pinned
+# frontends (1.49.6's widget and queue rules, which workflow_api follows, and t2's discovery tests).
+# On ComfyUI 0.3.75 they run on its 1.32.9 (classic: the design it has), which the workflows are built
+# with.
+NEWEST_FRONTEND_FROM_COMFYUI = (0, 33)
+
+
+def _layout_designs() -> list[str]:
+    try:
+        version = tuple(int(part) for part in devpaths.comfyui_version().split(".")[:2])
+    except RuntimeError:  # no ComfyUI given (a collection without PATCHBAY_COMFYUI): nothing runs anyway
+        return ["classic"]
+    return ["classic", "nodes-2.0"] if version >= NEWEST_FRONTEND_FROM_COMFYUI else ["classic"]
+
+
+LAYOUT_DESIGNS = _layout_designs()
+
+
+@pytest.fixture(scope="module")
+def newest_frontend_server(tmp_path_factory):
+    """A second server of this ComfyUI, serving the newest frontend (``--front-end-root``)."""
+    from comfy_server import ComfyServer
+    from frontend import HEADLESS_SETTINGS
+    from newest_frontend import ensure_static
+    from stand_ins import PACKS
+    from vendor_packs import ensure_packs
+
+    with ComfyServer(tmp_path_factory.mktemp("newest-frontend"), settings=HEADLESS_SETTINGS,
+                     extra_packs={**ensure_packs(devpaths.comfyui_version()), **PACKS},
+                     extra_args=("--front-end-root", str(ensure_static()))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def newest_frontend(newest_frontend_server):
+    from frontend import Frontend
+
+    with Frontend(newest_frontend_server.url, viewport=(1920, 1080)) as fe:
+        yield fe
 
 
 class TestOnA1080pScreen:
-    """The window is resized to 1920x1080 once for every test in this class, and back after the last:
-    each test loads its own workflow, so what the one before left on the page does not matter."""
+    """Each bundled workflow at Fit View on a 1920x1080 window, in each design: readable (zoom, smallest
+    text, notes' contrast) and no node covering another, before a run and after it (output nodes show
+    their pictures and reports, and grow). The window is resized once for the class, and back after."""
 
-    @pytest.fixture(scope="class")
+    @pytest.fixture(scope="class", params=LAYOUT_DESIGNS)
     @classmethod
-    def frontend_1080p(cls, frontend):
-        before = frontend.viewport
-        frontend.resize((1920, 1080))
-        yield frontend
-        frontend.resize(before)
+    def screen(cls, request):
+        if "nodes-2.0" not in LAYOUT_DESIGNS:  # ComfyUI 0.3.75: the session's frontend, 1.32.9
+            fe = request.getfixturevalue("frontend")
+            before = fe.viewport
+            fe.resize((1920, 1080))
+            yield fe
+            fe.resize(before)
+            return
+        fe = request.getfixturevalue("newest_frontend")
+        fe.set_nodes_2(request.param == "nodes-2.0")
+        yield fe
 
     @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-    def test_bundled_workflow_fits_a_1080p_screen_readably(self, frontend_1080p, path):
-        frontend_1080p.load_workflow(json.loads(path.read_text()), path.stem)
-        zoom = frontend_1080p.fit_zoom()
+    def test_bundled_workflow_is_readable_and_uncovered(self, screen, path):
+        screen.load_workflow(json.loads(path.read_text()), path.stem)
+        zoom = screen.fit_zoom()
         floor = READABLE_ZOOM
         for slug, large in LARGE_WORKFLOWS.items():
             if workflow_catalog.bundled_path(slug).name == path.name:
                 floor = large
         assert zoom >= floor, (f"{path.stem}: Fit View on 1920x1080 zooms to {zoom:.3f} < {floor}; make the "
                                f"graph smaller (devtools/build_workflows.py lays it out)")
+        smallest = screen.smallest_text_px()
+        assert smallest >= floor * SMALLEST_FONT - 1e-6, f"{path.stem}: text {smallest:.1f} px on screen"
+        contrasts = screen.note_contrasts()
+        dim = {nid: round(ratio, 2) for nid, ratio in contrasts.items() if ratio < NOTE_CONTRAST}
+        assert not dim, f"{path.stem}: notes whose text contrast is below {NOTE_CONTRAST}: {dim}"
+        assert _covered(screen.node_boxes()) == [], f"{path.stem}: nodes cover each other before a run"
+        screen.show_run_outputs()
+        assert _covered(screen.node_boxes()) == [], (
+            f"{path.stem}: nodes cover each other after a run (pictures and reports shown); "
+            f"devtools/build_workflows.py leaves room for them")
+
+
+def _covered(boxes: dict[str, tuple[float, float, float, float]]) -> list[tuple[str, str]]:
+    """Pairs of node ids whose boxes share more than a pixel each way."""
+    ids = sorted(boxes, key=int)
+    return [(a, b) for i, a in enumerate(ids) for b in ids[i + 1:]
+            if min(boxes[a][2], boxes[b][2]) - max(boxes[a][0], boxes[b][0]) > 1
+            and min(boxes[a][3], boxes[b][3]) - max(boxes[a][1], boxes[b][1]) > 1]
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
