@@ -25,9 +25,9 @@ from .couple_regions import (
     couple_weights,
 )
 from .enable import enable_hook_engine
-from .engine import TOKEN_WEIGHTS_KEY
+from .engine import RUN_KEY, TOKEN_WEIGHTS_KEY
 from .lora_hooks import combine
-from .lowrank import TokenSubset
+from .lowrank import TokenSubset, chunk_rows
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -62,22 +62,43 @@ def _grid(tokens: int, height: int, width: int) -> tuple[int, int] | None:
 # extra_options entries the attn2_patch (CoupleContext) leaves for the attn2_replace patch (CoupleAttention)
 _ROWS = "patchbay.couple.rows"  # per batch row: whether it is the couple's
 _OWN = "patchbay.couple.own_tokens"  # the batch's context length before the swap (other rows' tokens)
+_PACKED = "patchbay.couple.packed"  # a Packing: the context's rows are pieces of the rows' tokens
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The couple's packed context: each batch row's tokens cut into pieces of ``piece`` tokens, one piece
+    per context row (the couple's rows: [base | region 1 | ...], the others their own tokens, untiled),
+    so to_k/to_v project every prompt's tokens once. ``mine``/``rest``: the pieces of the couple's rows
+    and of the others, in row order (index tensors)."""
+
+    piece: int
+    mine: torch.Tensor
+    rest: torch.Tensor
 
 
 class CoupleContext:
-    """The attn2_patch: the couple's rows get the full context [base | region 1 | ...], other rows their
-    own tokens tiled to the same length (attention over keys repeated a whole number of times is exact).
+    """The attn2_patch: the couple's rows get the full context [base | region 1 | ...], the other rows
+    their own tokens.
 
     The couple's conditioning carries the base prompt's tokens only, so core batches it with the negative
     as any plain prompt; its rows are the positive ones (cond_or_uncond 0) whose context is the base
     prompt's tokens (tiled as core tiles them). Decided once per context tensor (one model call).
+
+    Packed (the default): the context handed on is [pieces, piece, D], each row's tokens cut into pieces
+    (``Packing``) and marked with its cond chunks' row bounds (hooks/lowrank.py ``CHUNK_ROWS``), so the
+    hook engine adds each chunk's deltas on its own pieces; to_k/to_v then project (1 + R) x 77 tokens for
+    the couple's row and 77 for the negative's, not (1 + R) x 77 each. Tiled (on a model compiled by
+    TorchCompileModel, whose hooks take equal rows per chunk): the other rows' tokens are repeated to the
+    couple's length (attention over keys repeated a whole number of times is exact).
     """
 
-    def __init__(self, base: torch.Tensor, full: torch.Tensor) -> None:
+    def __init__(self, base: torch.Tensor, full: torch.Tensor, segments: Segments) -> None:
         self.base = base  # [1, Lb, D]
         self.full = full  # [1, total, D]
+        self.piece = math.gcd(full.shape[1], *(b - a for a, b in segments.ranges))
         self._cast: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._last: tuple[Any, tuple, Any] | None = None
+        self._last: tuple[Any, tuple, bool, Any] | None = None
 
     def __deepcopy__(self, memo: dict) -> CoupleContext:
         return self  # not changed after construction but its caches; ModelPatcher.clone deep-copies patches
@@ -93,27 +114,31 @@ class CoupleContext:
         chunks = tuple(extra_options.get("cond_or_uncond", ()))
         if context is None or context.ndim != 3 or 0 not in chunks:
             return n, context, value
-        swapped = self._swap(context, chunks)
+        run = extra_options.get(RUN_KEY)
+        pack = getattr(run, "compiled", None) is None
+        swapped = self._swap(context, chunks, pack)
         if swapped is None:
             return n, context, value
-        new, rows = swapped
+        new, rows, packing = swapped
         extra_options[_ROWS] = rows
         extra_options[_OWN] = context.shape[1]
+        extra_options[_PACKED] = packing
         if value is context:
             return n, new, new
-        other = self._swap(value, chunks) if value is not None and value.shape == context.shape else None
+        same = value is not None and value.shape == context.shape
+        other = self._swap(value, chunks, pack) if same else None
         return n, new, value if other is None else other[0]
 
-    def _swap(self, context: torch.Tensor, chunks: tuple) -> tuple[torch.Tensor, tuple[bool, ...]] | None:
+    def _swap(self, context: torch.Tensor, chunks: tuple, pack: bool) -> tuple | None:
         last = self._last
-        if last is not None and last[0]() is context and last[1] == chunks:
-            return last[2]
-        result = self._compute(context, chunks)
-        self._last = (weakref.ref(context), chunks, result)
+        if last is not None and last[0]() is context and last[1] == chunks and last[2] == pack:
+            return last[3]
+        result = self._compute(context, chunks, pack)
+        self._last = (weakref.ref(context), chunks, pack, result)
         return result
 
-    def _compute(self, context: torch.Tensor, chunks: tuple) -> tuple[torch.Tensor, tuple[bool, ...]] | None:
-        rows, length, _ = context.shape
+    def _compute(self, context: torch.Tensor, chunks: tuple, pack: bool) -> tuple | None:
+        rows, length, width = context.shape
         base, full = self._at(context.device, context.dtype)
         if rows % len(chunks) or length % base.shape[1]:
             return None
@@ -124,11 +149,28 @@ class CoupleContext:
         mine = {i for i, s in zip(positive, same, strict=True) if s}
         if not mine:
             return None
+        flags = tuple(i in mine for i in range(rows))
+        piece = math.gcd(self.piece, length)
+        if pack:
+            own, couple = length // piece, full.shape[1] // piece  # pieces per row
+            counts = [couple if f else own for f in flags]
+            starts = torch.tensor([0, *counts]).cumsum(0).tolist()
+            index = []  # per piece: its row in [context's pieces | the full context's pieces]
+            for i, f in enumerate(flags):
+                index += range(rows * own, rows * own + couple) if f else range(i * own, (i + 1) * own)
+            source = torch.cat([context.reshape(-1, piece, width), full.reshape(-1, piece, width)])
+            packed = source.index_select(0, torch.tensor(index, device=context.device))
+            bounds = [starts[c * per] for c in range(len(chunks) + 1)]
+            device = context.device
+            packing = Packing(piece, *(torch.tensor([p for i, f in enumerate(flags) if f == want
+                                                     for p in range(starts[i], starts[i + 1])], device=device)
+                                       for want in (True, False)))
+            return chunk_rows(packed, bounds), flags, packing
         total = math.lcm(length, full.shape[1])
         out = context.repeat(1, total // length, 1)
         index = torch.tensor(sorted(mine), device=context.device)
         out.index_copy_(0, index, full.repeat(1, total // full.shape[1], 1).expand(len(mine), -1, -1))
-        return out, tuple(i in mine for i in range(rows))
+        return out, flags, None
 
 
 class CoupleAttention:
@@ -146,6 +188,9 @@ class CoupleAttention:
                  extra_options: dict) -> torch.Tensor:
         heads, precision = extra_options["n_heads"], extra_options.get("attn_precision")
         rows = extra_options.get(_ROWS)
+        packing = extra_options.get(_PACKED)
+        if packing is not None and rows is not None and len(rows) == q.shape[0]:
+            return self._packed(q, k, v, heads, precision, rows, packing, extra_options)
         if rows is None or k.shape[1] % self.segments.total or len(rows) != q.shape[0]:
             return attention.optimized_attention(q, k, v, heads, attn_precision=precision)
         latent = extra_options["original_shape"][-2:]
@@ -159,6 +204,28 @@ class CoupleAttention:
             heads, attn_precision=precision))
         out.index_copy_(0, mine, self._blend(q.index_select(0, mine), k.index_select(0, mine),
                                              v.index_select(0, mine), heads, precision, latent))
+        return out
+
+    def _packed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, precision: Any,
+                rows: tuple[bool, ...], packing: Packing, extra_options: dict) -> torch.Tensor:
+        """Packed keys and values (``Packing``): each row's pieces joined back into its tokens."""
+        latent = extra_options["original_shape"][-2:]
+        mine, rest = self._rows(rows, q.device)
+
+        def joined(t: torch.Tensor, pieces: torch.Tensor, count: int) -> torch.Tensor:
+            return t.index_select(0, pieces).reshape(count, -1, t.shape[-1])
+
+        if not rest.numel():
+            return self._blend(q, joined(k, packing.mine, len(rows)), joined(v, packing.mine, len(rows)),
+                               heads, precision, latent)
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], device=q.device, dtype=q.dtype)
+        count = rest.numel()
+        out.index_copy_(0, rest, attention.optimized_attention(
+            q.index_select(0, rest), joined(k, packing.rest, count), joined(v, packing.rest, count), heads,
+            attn_precision=precision))
+        count = mine.numel()
+        out.index_copy_(0, mine, self._blend(q.index_select(0, mine), joined(k, packing.mine, count),
+                                             joined(v, packing.mine, count), heads, precision, latent))
         return out
 
     def _rows(self, rows: tuple[bool, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,7 +364,7 @@ def attention_couple(model: ModelPatcher, base: list, regions: Sequence[CoupleRe
         return clone, [[full, extra]]
     # UNets: the cond carries the base prompt's tokens (core batches it with the negative); the full
     # context is swapped in per attention block by CoupleContext
-    _patch_unet(clone, weights, segments, refs, CoupleContext(parts[0][0], full))
+    _patch_unet(clone, weights, segments, refs, CoupleContext(parts[0][0], full, segments))
     return clone, [[parts[0][0], extra]]
 
 

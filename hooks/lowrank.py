@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths", "TokenSubset",
-           "TokenWeights", "module_kind"]
+__all__ = ["CHUNK_ROWS", "DenseDelta", "LowRankDelta", "ModuleDeltas", "RowFactors", "RowStrengths",
+           "TokenSubset", "TokenWeights", "chunk_rows", "module_kind"]
 
 _CONV = {torch.nn.Conv1d: 1, torch.nn.Conv2d: 2, torch.nn.Conv3d: 3}
 _CONV_FN = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}
@@ -20,6 +20,16 @@ _CONV_FN = {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}
 Run = tuple[int, int, float]  # chunks [start, stop) sharing one nonzero strength
 # (hook, module, output) -> a weight broadcasting against the output's rows (None: weight 1 everywhere)
 TokenWeights = Callable[[int, torch.nn.Module, torch.Tensor], "torch.Tensor | TokenSubset | None"]
+# An input tensor's attribute: the first row of each cond chunk and the end, (0, ..., rows), where a
+# chunk's rows are not an equal share of the batch (hooks/couple.py packs the attention couple's text
+# that way: each prompt's tokens as rows of their own, so no row is tiled to the longest context)
+CHUNK_ROWS = "patchbay_chunk_rows"
+
+
+def chunk_rows(x: torch.Tensor, bounds: Sequence[int]) -> torch.Tensor:
+    """``x`` marked with its chunks' row bounds (``CHUNK_ROWS``) for the modules it goes into."""
+    setattr(x, CHUNK_ROWS, tuple(bounds))
+    return x
 
 
 @dataclass(frozen=True)
@@ -187,7 +197,7 @@ class ModuleDeltas:
         runs = strengths.runs
         if not any(d.hook in runs for d in (*self.low_rank, *self.dense)):
             return y  # none of this module's hooks is active in this call
-        per_chunk = _rows_per_chunk(x.shape[0], strengths.chunks)
+        bounds, packed = _chunk_bounds(x, strengths.chunks)
         y = _writable(y)
         replaced = [False] * strengths.chunks
         weigh = strengths.weights or _unweighted
@@ -198,22 +208,23 @@ class ModuleDeltas:
                                      "cannot use rounding 'loraloader'; use rounding 'compute'.")
                 for start, stop, value in runs.get(d.hook, ()):
                     self._replace(module, d.fetch(x.device, torch.float32, value), x, y, start, stop,
-                                  per_chunk, replaced)
+                                  bounds, replaced)
         for d in self.low_rank:
             for start, stop, value in runs.get(d.hook, ()):
-                a, b = start * per_chunk, stop * per_chunk
-                self._add_low_rank(module, d, x[a:b], y[a:b], value * d.scale, weigh(d.hook, module, y))
+                xs, ys = _rows(x, y, bounds[start], bounds[stop], packed)
+                weight = weigh(d.hook, module, ys if packed else y)
+                self._add_low_rank(module, d, xs, ys, value * d.scale, weight)
         for d in self.dense:
             if d.replace:
                 continue
             fetched: dict[float, torch.Tensor] = {}
             for start, stop, value in runs.get(d.hook, ()):
-                a, b = start * per_chunk, stop * per_chunk
+                xs, ys = _rows(x, y, bounds[start], bounds[stop], packed)
                 strength, alpha = (1.0, value) if d.linear else (value, 1.0)
                 if strength not in fetched:
                     fetched[strength] = d.fetch(x.device, x.dtype, strength)
-                self._add_dense(module, d, fetched[strength], x[a:b], y[a:b], alpha,
-                                _dense(weigh(d.hook, module, y)))
+                self._add_dense(module, d, fetched[strength], xs, ys, alpha,
+                                _dense(weigh(d.hook, module, ys if packed else y)))
         return y
 
     def _add_low_rank(self, module: torch.nn.Module, d: LowRankDelta, x: torch.Tensor, y: torch.Tensor,
@@ -316,7 +327,7 @@ class ModuleDeltas:
         return y + (up.flatten(1) @ (h * per_rank.unsqueeze(-1))).view(y.shape)
 
     def _replace(self, module: torch.nn.Module, delta: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                 start: int, stop: int, per_chunk: int, replaced: list[bool]) -> None:
+                 start: int, stop: int, bounds: Sequence[int], replaced: list[bool]) -> None:
         """Chunks [start, stop) recomputed with weight W + delta, each stretch of chunks not replaced
         before in one call; chunks another hook replaced already get the delta added instead."""
         chunk = start
@@ -324,7 +335,7 @@ class ModuleDeltas:
             end = chunk + 1
             while end < stop and replaced[end] == replaced[chunk]:
                 end += 1
-            a, b = chunk * per_chunk, end * per_chunk
+            a, b = bounds[chunk], bounds[end]
             if replaced[chunk]:
                 y[a:b].add_(self._op(module, x[a:b], delta.to(x.dtype), spatial=True))
             else:
@@ -389,6 +400,26 @@ def _rows_per_chunk(batch: int, chunks: int) -> int:
         raise ValueError(f"a hooked module saw a batch of {batch} rows for {chunks} cond chunks; "
                          "this model reshapes its batch in a way the hook engine cannot follow")
     return batch // chunks
+
+
+def _chunk_bounds(x: torch.Tensor, chunks: int) -> tuple[Sequence[int], bool]:
+    """The first row of each chunk and the end; whether ``x`` carries them (``CHUNK_ROWS``: packed rows)."""
+    bounds = getattr(x, CHUNK_ROWS, None)
+    if bounds is None:
+        per_chunk = _rows_per_chunk(x.shape[0], chunks)
+        return range(0, (chunks + 1) * per_chunk, per_chunk), False
+    if len(bounds) != chunks + 1 or bounds[-1] != x.shape[0]:
+        raise ValueError(f"a hooked module's input carries row bounds {bounds} for {chunks} cond chunks "
+                         f"and {x.shape[0]} rows")
+    return bounds, True
+
+
+def _rows(x: torch.Tensor, y: torch.Tensor, a: int, b: int,
+          packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [a, b) of x and y; packed rows (pieces of one chunk's tokens) as one row of tokens [1, n, C]."""
+    if not packed:
+        return x[a:b], y[a:b]
+    return x[a:b].reshape(1, -1, x.shape[-1]), y[a:b].view(1, -1, y.shape[-1])
 
 
 def _writable(y: torch.Tensor) -> torch.Tensor:

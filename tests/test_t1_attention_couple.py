@@ -271,3 +271,59 @@ def test_sdxl_one_region_with_its_lora_is_the_plain_lora_hook(rig, sdxl):
     reference = _sdxl(hooked, arch_sampling.make_cond("sdxl", 1, hooks=hooks), neg)
     assert_close(latent, reference, "SDXL one region with a LoRA vs the LoRA hook")
     assert not torch.equal(latent, _sdxl(model, pos, neg))
+
+
+# ---- the packed context (issue 34 item 3): each prompt's keys and values projected once -------------
+
+
+def test_negative_is_not_tiled_and_keeps_its_own_lora(rig):
+    """to_k/to_v project the couple's prompts once and the negative's own 77 tokens (not tiled to the
+    couple's length), as rows of 77 tokens; a LoRA hook on the negative acts on its rows only. A batch of
+    two latents; two same-prompt regions with a LoRA each (on to_k/to_v too) equal the plain prompt with
+    that LoRA hook, the negative with another hook, on Fast Hooks."""
+    (latent,) = rig.n["EmptyLatentImage"]().generate(64, 64, 2)
+    neg = rig.with_hooks(rig.neg, rig.hook(LORA, 0.5))
+    model, pos = rig.couple([(rig.pos, rig.left, rig.hook(LORA)), (rig.pos, 1.0 - rig.left, rig.hook(LORA))],
+                            base=rig.right)
+    to_k = model.get_model_object("diffusion_model").input_blocks[1][1].transformer_blocks[0].attn2.to_k
+    shapes = []
+    handle = to_k.register_forward_pre_hook(lambda m, args: shapes.append(tuple(args[0].shape)))
+    sampler = rig.n["KSampler"]()
+    try:
+        (couple,) = sampler.sample(model, 7, STEPS, 7.0, "euler", "normal", pos, neg, latent)
+    finally:
+        handle.remove()
+    positive = rig.with_hooks(rig.pos, rig.hook(LORA))
+    (plain,) = sampler.sample(rig.fast(), 7, STEPS, 7.0, "euler", "normal", positive, neg, latent)
+    assert_close(couple["samples"], plain["samples"], "packed context, a hooked negative, two latents")
+    width = rig.pos[0][0].shape[-1]
+    assert shapes == [(6, 77, width)] * STEPS  # one call: 2 latents x (2 region prompts + the negative)
+
+
+def test_packed_and_tiled_contexts_attend_alike(rig):
+    """One attention block by hand: the packed context (each row's tokens once) and the tiled one (what a
+    model compiled by TorchCompileModel gets: the negative repeated to the couple's length) give the same
+    output, and the negative's row is plain attention over its own tokens."""
+    from comfy.ldm.modules import attention
+
+    torch.manual_seed(0)
+    base, region_a, region_b, neg = (torch.randn(1, 77, 16) for _ in range(4))
+    weights = rig.lib.CoupleWeights(rig.lib.couple_weights([rig.left[0] * 0.5, 1.0 - rig.left[0]]))
+    segments, full = rig.lib._layout([base, region_a, region_b], drop_base=False)
+    project = torch.nn.Linear(16, 32, bias=False)
+    q = torch.randn(2, 64, 32)  # rows: the couple's, the negative's; 8x8 latent
+    compiled = type("Run", (), {"compiled": object()})()
+    outs = []
+    for run in (None, compiled):
+        patch = rig.lib.CoupleContext(base, full, segments)
+        options = {"cond_or_uncond": [0, 1], "n_heads": 2, "original_shape": [2, 4, 8, 8],
+                   "patchbay.hooks.run": run}
+        both = torch.cat([base, neg])
+        _, context, value = patch(q, both, both, options)
+        assert value is context
+        assert context.shape == ((4, 77, 16) if run is None else (2, 231, 16))
+        k = project(context)
+        outs.append(rig.lib.CoupleAttention(weights, segments)(q, k, k, options))
+    assert_close(outs[0], outs[1], "packed vs tiled context")
+    own = project(neg)
+    assert torch.equal(outs[0][1:], attention.optimized_attention(q[1:], own, own, 2))
