@@ -205,11 +205,11 @@ def test_bad_options_name_the_allowed_values(comfy, setup, mp, args, message):
 
 
 def test_patch_order_node(comfy, setup):
-    node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayPatchOrder"]()
-    (out,) = node.patch(setup[1], "weight_patch_first", "disabled")
+    node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayPatchOrder"]  # a V3 node: execute is a classmethod
+    (out,) = node.execute(setup[1], "weight_patch_first", "disabled")
     assert astuple(out.patchbay.order) == ("weight_patch_first", "disabled")
     assert out.patches == setup[1].patches
     with pytest.raises(ValueError, match="full_load='always'"):
-        node.patch(setup[1], "weight_patch_first", "always")
+        node.execute(setup[1], "weight_patch_first", "always")
     with pytest.raises(TypeError, match="connect the MODEL output"):
-        node.patch("not a model", "weight_patch_first", "auto")
+        node.execute("not a model", "weight_patch_first", "auto")
