@@ -86,10 +86,13 @@ def help_page(node: str, locale: str = "en") -> Path:
     return DOCS / node / f"{locale}.md"
 
 
-def pages() -> dict[Path, str]:
-    """Every page this script writes: the method pages, then each node's fallback copy of its en.md."""
-    pack_imports.use_standalone_names()  # here, not at import: a T1 test imports this module
-    from patchbay_merge import registry
+def pages(registry=None) -> dict[Path, str]:
+    """Every page this script writes: the method pages, then each node's fallback copy of its en.md.
+    ``registry``: the merge registry module to read (a T1 test passes the loaded pack's, so that its
+    process holds merge/ under one name); None: ``patchbay_merge.registry``."""
+    if registry is None:
+        pack_imports.use_standalone_names()  # here, not at import: a T1 test imports this module
+        from patchbay_merge import registry
 
     written = {help_page(node_id(m.name)): page(m) for m in registry.all_methods()}
     english = {path.parent.name: path for path in DOCS.glob("*/en.md")}
