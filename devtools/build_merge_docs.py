@@ -1,5 +1,5 @@
 """Write the help page of every merge method node (web/docs/PatchbayMethod<Name>/en.md) from
-merge.registry, and every node's locale-neutral fallback page (web/docs/<NodeId>.md, a copy of en.md).
+merge.method_registry, and every node's locale-neutral fallback page (web/docs/<NodeId>.md, a copy of en.md).
 
     python devtools/build_merge_docs.py          # (re)write the pages
     python devtools/build_merge_docs.py --check  # exit 1 if a page is missing or differs
@@ -77,7 +77,7 @@ def page(method) -> str:
               "Names, formulas and defaults follow sd-mecha 1.1.8, or mergekit's formulas for the methods "
               "taken from it; docs/merge-methods.md gives each formula and any difference.",
               "",
-              "<!-- generated from merge.registry by devtools/build_merge_docs.py -->", ""]
+              "<!-- generated from merge.method_registry by devtools/build_merge_docs.py -->", ""]
     return "\n".join(lines)
 
 
@@ -89,10 +89,10 @@ def help_page(node: str, locale: str = "en") -> Path:
 def pages(registry=None) -> dict[Path, str]:
     """Every page this script writes: the method pages, then each node's fallback copy of its en.md.
     ``registry``: the merge registry module to read (a T1 test passes the loaded pack's, so that its
-    process holds merge/ under one name); None: ``patchbay_merge.registry``."""
+    process holds merge/ under one name); None: ``patchbay_merge.method_registry``."""
     if registry is None:
         pack_imports.use_standalone_names()  # here, not at import: a T1 test imports this module
-        from patchbay_merge import registry
+        from patchbay_merge import method_registry as registry
 
     written = {help_page(node_id(m.name)): page(m) for m in registry.all_methods()}
     english = {path.parent.name: path for path in DOCS.glob("*/en.md")}

@@ -19,11 +19,19 @@ import torch
 from comfy.patcher_extension import WrappersMP
 
 from ..patcher.calls import argument
-from ..patcher.steps import cond_active
-from .cache import TensorCache
+from ..patcher.step_clock import cond_active
 from .compiled import CompiledRun, twin_settings
+from .delta_cache import TensorCache
+from .delta_plan import (
+    ROUNDINGS,
+    HookPatches,
+    Parts,
+    build_modules,
+    dense_delta,
+    dense_key,
+    load_hook_patches,
+)
 from .lowrank import ModuleDeltas, RowStrengths
-from .plan import ROUNDINGS, HookPatches, Parts, build_modules, dense_delta, dense_key, load_hook_patches
 from .quantized import plain_weight
 
 __all__ = ["ROUNDINGS", "RUN_KEY", "TOKEN_WEIGHTS_KEY", "HookEngine", "RunPlan", "apply_model_wrapper",
@@ -143,7 +151,7 @@ class HookEngine:
     def claim(self, patcher: Any, hooks: Any, model_options: dict, rounding: str = "compute") -> list[Any]:
         """The WeightHooks of ``hooks`` the engine runs; stores the run's plan in ``model_options``.
 
-        rounding: one of ROUNDINGS (hooks/plan.py), the setting of the claimer that asks.
+        rounding: one of ROUNDINGS (hooks/delta_plan.py), the setting of the claimer that asks.
         """
         model = patcher.model
         settings, why_not = _compile_mode(patcher, model_options)

@@ -10,7 +10,7 @@ import comfy.hooks
 import comfy.lora
 import comfy.utils
 
-from .plan import has_tensor, misfit_message, misfitting, split_key
+from .delta_plan import has_tensor, misfit_message, misfitting, split_key
 
 if TYPE_CHECKING:
     import torch

@@ -106,7 +106,8 @@ def recipe_hook(fetch: Fetch, shapes: dict[str, tuple[int, ...]], strength_model
         LazyDelta: a weight adapter (comfy.weight_adapter) whose calculate_weight adds
           ``strength * fetch(key)``; fetch runs when the weight is first needed, never at hook creation
           core's hook path   patch_hooks -> calculate_weight -> LazyDelta (per key it patches)
-          Fast Hooks         a dense delta (hooks/plan.py; linear in strength: fetched once at strength 1,
+          Fast Hooks         a dense delta (hooks/delta_plan.py; linear in strength: fetched once at
+                             strength 1,
                              scaled per step), kept in the engine's byte-budgeted cache
         RecipeWeightHook.check_model(model): before either path patches anything, every key of the
           recipe must be a weight of the model with the same shape, else RecipeMismatchError (core's

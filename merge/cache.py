@@ -37,7 +37,8 @@ class MergeCache:
 
     - ``get(key_id)`` / ``put(key_id, tensor)`` (``put_copy``: a copy, made only if it fits): a key's
       result (a whole output tensor, or the fp32 result of a non-elementwise call inside the recipe),
-      identified by ``Graph.key_id`` (merge/steps.py): the method, its inputs' ids, its parameters
+      identified by ``CompiledRecipe.key_id`` (merge/executable.py): the method, its inputs' ids,
+      its parameters
       resolved for that key, the source fingerprints. Equal ids mean equal values, so an entry is reused
       whatever recipe it came from.
     - ``method_store(owner)``: the per-key dicts methods keep in ``KeyContext.cache`` (rotate keeps its

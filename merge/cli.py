@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _lora_stack_args(sub: Any) -> None:
-    from .lora_stack import StackOptions
+    from .stack_to_lora import StackOptions
 
     stack = sub.add_parser("lora-stack", help="merge LoRA files (each with a strength) into one LoRA of a "
                                               "chosen rank or energy")
@@ -251,7 +251,7 @@ def run_extract(args: argparse.Namespace) -> int:
 
 
 def run_lora_stack(args: argparse.Namespace) -> int:
-    from .lora_stack import StackEntry, StackOptions, merge_lora_stack
+    from .stack_to_lora import StackEntry, StackOptions, merge_lora_stack
 
     blocks = dict(_stack_blocks(text, len(args.loras)) for text in args.blocks)
     entries = [StackEntry(*_stack_entry(text), blocks=blocks.get(n))
@@ -310,7 +310,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _models_arch(root: Any, search_dirs: tuple[Path, ...]) -> str | None:
     """The architecture of the recipe's model files when they can be opened (block maps need it)."""
-    from .steps import models_arch
+    from .executable import models_arch
 
     return models_arch(root, search_dirs)
 
@@ -329,7 +329,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_methods(args: argparse.Namespace) -> int:
-    from . import registry
+    from . import method_registry as registry
 
     methods = registry.all_methods()
     if args.json:

@@ -16,10 +16,10 @@ import torch
 
 from . import io as mio
 from .context import KeyContext, checked_steps
+from .executable import check_maps, compile_recipe, recipe_text
 from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from .lora_keys import TEXT_ENCODERS
 from .methods.kronecker import kronecker_factors
-from .steps import check_maps, compile_recipe, recipe_text
 from .stream import Evaluator
 
 _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])$")

@@ -99,7 +99,8 @@ def variants(root: R.Node, x: tuple[str, Sequence[Any]], y: tuple[str, Sequence[
 
     A value is a number or a parameter map (a block-weight or key-pattern ``LiteralNode``, as the Key
     Patterns node makes). Each variant is an ordinary recipe, so the merge cache recomputes only the
-    keys whose resolved values changed (``Graph.key_id``): a block-map axis that changes the OUT blocks
+    keys whose resolved values changed (``CompiledRecipe.key_id``): a block-map axis that changes the OUT
+    blocks
     leaves every other key of the previous variant in the cache (``cache_wants``)."""
     if not x[0].strip():
         raise GridError("x_param is empty: name the parameter the x values set (e.g. alpha)")
@@ -145,7 +146,8 @@ def label(value: Any) -> str:
 
 
 def cache_wants(ids: Sequence[Mapping[str, Hashable]], in_place: Sequence[bool]) -> list[frozenset]:
-    """For variants merged in this order (``ids``: each one's key -> result id, ``Graph.key_id`` as the
+    """For variants merged in this order (``ids``: each one's key -> result id, ``CompiledRecipe.key_id`` as
+    the
     merge cache stores it), the result ids worth keeping in the cache after each: those a later variant
     merges. A variant ``in_place`` fills the previous variant's model and merges only the keys whose id
     changed; any other merges every key. The rest would push the useful results out of the cache and

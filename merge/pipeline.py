@@ -19,9 +19,9 @@ from tqdm import tqdm
 
 from .checks import check_output, known_magnitude, larger
 from .context import KeyContext
+from .executable import CompiledRecipe
 from .io import ALIGN
 from .plan import cache_salt
-from .steps import Graph
 from .stream import Evaluator, Spill, chunkable
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class Unit:
     cached: torch.Tensor | None = None
 
 
-def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: MergeOptions,
+def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, options: MergeOptions,
         report: MergeReport, spill_dir: Path | None = None) -> None:
     """Stream every planned key through read-ahead, evaluation and ``sink``.
 
@@ -64,7 +64,7 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
     key's output buffer.
 
     With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
-    ``Graph.key_id`` is written from the cache without reading its inputs, and each computed key is
+    ``CompiledRecipe.key_id`` is written from the cache without reading its inputs, and each computed key is
     stored (only those in ``MergeOptions.cache_keep`` when it is given). ``MergeOptions.check`` runs
     before every unit (and inside long elementwise loops), so an interrupt stops within one key;
     ``on_progress`` follows the progress bar.
@@ -114,7 +114,7 @@ def run(graph: Graph, sources: list, plans: list[KeyPlan], sink: Any, options: M
         spill.close()
 
 
-def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, raw: Any,
+def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: CompiledRecipe, unit: Unit, raw: Any,
               options: MergeOptions, report: MergeReport, cache: Any, salt: tuple) -> None:
     """Evaluate one unit (or take it from the cache) and hand a finished key to the writer."""
     plan = unit.plan
@@ -159,12 +159,12 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, r
 DROPPED = torch.empty(0)  # cached for a key the recipe leaves out (pick_component): nothing to write
 
 
-def root_id(graph: Graph, plan: KeyPlan, salt: tuple, arch: str) -> tuple:
+def root_id(graph: CompiledRecipe, plan: KeyPlan, salt: tuple, arch: str) -> tuple:
     """The cache id of one output key's final result (in its output dtype)."""
     return ("root", str(plan.dtype), salt, graph.key_id(graph.root, plan.key, arch))
 
 
-def _cached_results(graph: Graph, plans: list[KeyPlan], cache: Any, salt: tuple, arch: str) -> dict:
+def _cached_results(graph: CompiledRecipe, plans: list[KeyPlan], cache: Any, salt: tuple, arch: str) -> dict:
     """key -> cached final result, for the float keys the cache holds."""
     cache.new_run()
     found = {}
@@ -176,7 +176,7 @@ def _cached_results(graph: Graph, plans: list[KeyPlan], cache: Any, salt: tuple,
     return found
 
 
-def split_units(graph: Graph, sources: list, plans: list[KeyPlan], options: MergeOptions,
+def split_units(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], options: MergeOptions,
                 capacity: int, cached: dict | None = None) -> Iterator[Unit]:
     """One unit per key, or element slices of at most ``capacity`` input bytes for sliceable keys."""
     for plan in plans:
@@ -195,7 +195,7 @@ def split_units(graph: Graph, sources: list, plans: list[KeyPlan], options: Merg
             yield Unit(plan, start, min(numel, start + step), sliced=True)
 
 
-def _sliceable(graph: Graph, sources: list, plan: KeyPlan, options: MergeOptions) -> bool:
+def _sliceable(graph: CompiledRecipe, sources: list, plan: KeyPlan, options: MergeOptions) -> bool:
     return (plan.passthrough is None and options.device == "cpu" and chunkable(graph.root)
             and all(present and hasattr(s, "map") and s.info(plan.key).shape == plan.shape
                     for s, present in zip(sources, plan.present, strict=True)))
@@ -213,7 +213,7 @@ def _unit_bytes(sources: list, unit: Unit) -> int:
     return max(total, ALIGN)
 
 
-def _compute_slice(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Unit, raw: list,
+def _compute_slice(pipe: _Pipeline, evaluator: Evaluator, graph: CompiledRecipe, unit: Unit, raw: list,
                    out_buffer: torch.Tensor, options: MergeOptions, report: MergeReport
                    ) -> tuple[torch.Tensor | None, float | None]:
     """Evaluate one slice into the key's output buffer; the finished key (and its largest magnitude) once
@@ -227,7 +227,8 @@ def _compute_slice(pipe: _Pipeline, evaluator: Evaluator, graph: Graph, unit: Un
     return (out.view(plan.shape), pipe.slices_size) if unit.end == numel else (None, None)
 
 
-def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, out_buffer: torch.Tensor,
+def compute_key(evaluator: Evaluator, graph: CompiledRecipe, plan: KeyPlan, raw: list,
+                out_buffer: torch.Tensor,
                 options: MergeOptions, report: MergeReport) -> tuple[torch.Tensor | None, float | None]:
     """Evaluate one whole key into ``out_buffer``: the typed output view (None: key dropped), and its
     largest magnitude where the evaluator measured it as it wrote (elementwise keys; None otherwise)."""
@@ -260,7 +261,7 @@ def compute_key(evaluator: Evaluator, graph: Graph, plan: KeyPlan, raw: list, ou
     return out_buffer[:size].view(plan.dtype).view(result.shape).copy_(result), None
 
 
-def _dropped(evaluator: Evaluator, graph: Graph, raw: list, ctx: KeyContext) -> bool:
+def _dropped(evaluator: Evaluator, graph: CompiledRecipe, raw: list, ctx: KeyContext) -> bool:
     """Whether the recipe drops this key (pick/omit_component), traced on float meta tensors."""
     leaves = [None if r is None else torch.empty(r.shape, device="meta") for r in raw]
     meta = KeyContext(key=ctx.key, seed=ctx.seed, device="meta", arch=ctx.arch)

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from .executable import CompiledRecipe, check_maps, compile_recipe
 from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
-from .steps import Graph, check_maps, compile_recipe
 
 SHAPE_POLICIES = ("overlap", "first", "error")
 MISSING_POLICIES = ("first", "skip", "error")
@@ -94,7 +94,7 @@ class MergeOptions:
 
 
 def cache_salt(options: MergeOptions) -> tuple:
-    """The options every cached result depends on besides its ``Graph.key_id`` (which holds the merge
+    """The options every cached result depends on besides its ``CompiledRecipe.key_id`` (which holds the merge
     seed where a random method uses it): the shape and missing-key policies and the device."""
     return (options.shape_policy, options.missing_policy, options.device)
 
@@ -152,7 +152,7 @@ def plan(recipe: object, options: MergeOptions | None = None,
 
 
 @contextlib.contextmanager
-def opened_sources(graph: Graph, architecture_policy: str = "refuse") -> Iterator[list]:
+def opened_sources(graph: CompiledRecipe, architecture_policy: str = "refuse") -> Iterator[list]:
     """The graph's sources opened lazily (headers only), closed on leaving the block."""
     sources = graph.open_sources(architecture_policy)
     try:
@@ -162,7 +162,8 @@ def opened_sources(graph: Graph, architecture_policy: str = "refuse") -> Iterato
             source.close()
 
 
-def plan_keys(graph: Graph, sources: list, options: MergeOptions, report: MergeReport) -> list[KeyPlan]:
+def plan_keys(graph: CompiledRecipe, sources: list, options: MergeOptions,
+              report: MergeReport) -> list[KeyPlan]:
     """Output keys in order, with dtypes and shapes, after the missing-key and shape policies: the union
     of the weight inputs' keys, and the recipe's block maps resolved against every planned key (a recipe
     that validates merges). ``plan`` is that check on its own (``validate`` in the CLI); merge/execute.py

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from . import registry
+from . import method_registry as registry
 from .graph import (
     TENSOR_NODES,
     CallNode,
@@ -22,8 +22,8 @@ from .graph import (
     label,
     shown,
 )
+from .method_registry import MergeMethod
 from .names import ANY, PARAM, did_you_mean
-from .registry import MergeMethod
 
 __all__ = ["CallNode", "FreeInput", "LiteralNode", "ModelNode", "Node", "ParamNode", "RecipeError", "Scalar",
            "bind", "call", "check_call", "free_input", "free_inputs", "literal", "model", "output_space",

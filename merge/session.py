@@ -12,8 +12,8 @@ import torch
 from . import pipeline
 from .checks import check_evaluated, stream_warnings
 from .context import KeyContext
+from .executable import compile_recipe, recipe_text
 from .plan import KeyPlan, MergeOptions, MergeReport, cache_salt, plan_keys
-from .steps import compile_recipe, recipe_text
 from .stream import Evaluator
 
 

@@ -24,7 +24,7 @@ class MemorySource:
 
     ``fingerprint`` must change whenever the values may have changed (the cache trusts it).
 
-    The executor reads every input through one small interface (what ``FileSource`` in merge/steps.py
+    The executor reads every input through one small interface (what ``FileSource`` in merge/executable.py
     and ``LoraSource`` in merge/lora.py also offer)::
 
         name, space, arch                  a label for messages, the merge space, the architecture

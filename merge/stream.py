@@ -16,8 +16,8 @@ import torch
 
 from .checks import larger, magnitude
 from .context import KeyContext
+from .executable import Call, CompiledRecipe, Leaf
 from .io import ALIGN
-from .steps import Call, Graph, Leaf
 
 SPLIT_SLICES = 8  # slices per worker below which a key is evaluated in one span (a hand-off costs ~0.1 ms)
 CHECK_SLICES = 16  # slices written between two magnitude passes: 1 Mi elements, still in the CPU's cache
@@ -44,7 +44,8 @@ class Evaluator:
     before the method that needs them.
     """
 
-    def __init__(self, graph: Graph, shape_policy: str, spill: Spill | None = None, spill_limit: int = 0,
+    def __init__(self, graph: CompiledRecipe, shape_policy: str, spill: Spill | None = None,
+                 spill_limit: int = 0,
                  sources: list | None = None, cache: Any = None, salt: tuple = (),
                  check: Callable[[], None] | None = None, workers: int = 1) -> None:
         self.graph, self.shape_policy, self.spill, self.spill_limit = graph, shape_policy, spill, spill_limit
@@ -109,7 +110,7 @@ class Evaluator:
         return merge_overlap(step, args, scalars, call_ctx)
 
     def _evaluate_group(self, step: Call, leaves: list, ctx: KeyContext) -> Any:
-        """A ``related=`` call (merge/registry.py): each input evaluated at every key the method reads,
+        """A ``related=`` call (merge/method_registry.py): each input evaluated at every key the method reads,
         handed over as a dict key -> tensor (a key the input lacks is left out)."""
         groups: list[dict[str, torch.Tensor]] = [{} for _ in step.args]
         for key in self.graph.related(step, ctx.key, ctx.arch):
@@ -246,7 +247,7 @@ def apply(step: Call, args: list, scalars: dict, ctx: KeyContext) -> Any:
 def context_for(ctx: KeyContext, step: Call) -> KeyContext:
     """The KeyContext of one (method call, key): its cache persists across merges of this recipe
     (a trace on meta tensors gets a throwaway one); only a random method sees the merge seed (the
-    cache keys only those on it: ``Graph.key_id``)."""
+    cache keys only those on it: ``CompiledRecipe.key_id``)."""
     cache = {} if str(ctx.device) == "meta" else step.cache.setdefault(ctx.key, {})
     seed = ctx.seed if step.method.random else 0
     return KeyContext(key=ctx.key, cache=cache, seed=seed, device=ctx.device, arch=ctx.arch)

@@ -1,4 +1,4 @@
-"""One node per merge method, generated from ``merge.registry``: a method registered with
+"""One node per merge method, generated from ``merge.method_registry``: a method registered with
 ``@merge_method`` becomes ``PatchbayMethod<Name>`` with no node code of its own.
 """
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..merge import recipe as R
-from ..merge import registry
-from ..merge.registry import MergeMethod, ParamSpec
+from ..merge import method_registry as registry
+from ..merge.method_registry import MergeMethod, ParamSpec
 
 RECIPE = "PATCHBAY_RECIPE"
 VARIADIC_SLOTS = 10

@@ -191,7 +191,7 @@ class PatchbayMergeLoraStack:
             "optional": {"lora_stack": ("LORA_STACK", {"tooltip": "Another pack's LoRA stack: its LoRAs "
                                                                   "are merged after the lines above."}),
                          **{k: v for k, v in extract["optional"].items() if k != "architecture_policy"}},
-        }  # LoRAs of different families are always refused (merge/lora_stack.py): no policy to choose
+        }  # LoRAs of different families are always refused (merge/stack_to_lora.py): no policy to choose
 
     def merge(self, loras: str, filename: str, if_exists: str = "number", size_by: str = "rank",
               rank: int = 32, energy: float = 0.9, dtype: str = "fp16", lora_stack: Any = None,

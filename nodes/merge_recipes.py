@@ -8,7 +8,7 @@ from typing import Any
 
 from ..merge import mecha_text
 from ..merge import recipe as R
-from ..merge.steps import models_arch
+from ..merge.executable import models_arch
 from . import merge_files, merge_graph, merge_runtime
 
 RECIPE = "PATCHBAY_RECIPE"

@@ -304,8 +304,8 @@ def extract(recipe: object, filename: str, if_exists: str, **fields: Any) -> tup
 def merge_lora_stack(text: str, stack: Any, filename: str, if_exists: str, **fields: Any) -> tuple[str, Any]:
     """The Merge LoRA Stack node: the LoRAs of ``text`` (one a line, ``name: strength[, clip strength]
     [| block map]``) and of a LORA_STACK merged into one LoRA of the loras folder; (its name in the
-    loras list, merge/lora_stack.py's report)."""
-    from ..merge import lora_stack
+    loras list, merge/stack_to_lora.py's report)."""
+    from ..merge import stack_to_lora as lora_stack
 
     entries = [*_text_entries(text), *_stack_entries(stack)]
     path = merge_files.lora_file(filename, if_exists)
@@ -317,7 +317,7 @@ def merge_lora_stack(text: str, stack: Any, filename: str, if_exists: str, **fie
 
 def _text_entries(text: str) -> list[Any]:
     from ..hooks.block_weights import parse_block_map
-    from ..merge.lora_stack import StackEntry, StackError
+    from ..merge.stack_to_lora import StackEntry, StackError
 
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -340,7 +340,7 @@ def _text_entries(text: str) -> list[Any]:
 
 def _stack_entries(stack: Any) -> list[Any]:
     from ..hooks.lora_stack import stack_entries
-    from ..merge.lora_stack import StackEntry
+    from ..merge.stack_to_lora import StackEntry
 
     return [StackEntry(merge_files.model_file(f"loras/{e.name}"), e.strength_model, e.strength_clip)
             for e in stack_entries(stack)]

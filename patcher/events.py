@@ -16,7 +16,7 @@ from .ordering import did_you_mean, namespaced_key
 from .schedule import locate, step_mode
 from .signatures import EVENT_LISTENER_SHAPE, check_signature
 from .state import existing_state, patchbay_state, require_model
-from .steps import SIGMA_MODE, Emission, ScheduleMatch, StepTracker
+from .step_clock import SIGMA_MODE, Emission, ScheduleMatch, StepTracker
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -52,7 +52,7 @@ class SamplingRun:
     model_options: dict  # the run's model_options (transformer_options["wrappers"] as they run)
     sigmas: tuple[float, ...]  # the run's own sigmas
     match: ScheduleMatch  # where they sit in the full schedule
-    mode: str  # "callback" or "sigma" (patcher/steps.py)
+    mode: str  # "callback" or "sigma" (patcher/step_clock.py)
 
 
 @dataclass(frozen=True)

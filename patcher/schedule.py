@@ -11,7 +11,7 @@ from typing import Any
 
 import comfy.samplers
 
-from .steps import CALLBACK_MODE, SIGMA_MODE, ScheduleMatch, locate_run
+from .step_clock import CALLBACK_MODE, SIGMA_MODE, ScheduleMatch, locate_run
 
 __all__ = ["clear_cache", "locate", "max_total_steps", "sampler_function_name", "step_mode"]
 
@@ -20,7 +20,7 @@ _DISCARD_PENULTIMATE = {"sample_dpm_2", "sample_dpm_2_ancestral", "sample_unipc"
 # sgm_uniform(N) == normal(N + 1) but for its last sigma; see _candidates.
 _ONE_STEP_LATER = {"sgm_uniform"}
 _PROBES = (0.0, 0.25, 0.5, 0.75, 1.0)
-# These integrate between the first and last sigma on their own grid (see patcher/steps.py).
+# These integrate between the first and last sigma on their own grid (see patcher/step_clock.py).
 _OFF_GRID = {"dpm_fast_function", "dpm_adaptive_function", "sample_dpm_fast", "sample_dpm_adaptive"}
 
 
@@ -95,7 +95,7 @@ def locate(model_sampling: Any, run_sigmas: Sequence[float], sampler: object = N
     slice too), so the global step of a split run is recovered here: every scheduler in
     ``comfy.samplers.SCHEDULER_NAMES`` is asked for its schedule at the run's model sampling, for totals
     from the run's own step count up to ``max_total_steps(n)``, and the first one holding the run as a
-    contiguous slice wins (patcher/steps.py::locate_run has the rule and its limits). sgm_uniform with N
+    contiguous slice wins (patcher/step_clock.py::locate_run has the rule and its limits). sgm_uniform with N
     steps and normal with N + 1 share all sigmas but the last: a run that stops before the end is read as
     normal's (KSampler's default), one that reaches the end is unambiguous. KSampler's variant
     for dpm_2, dpm_2_ancestral, uni_pc and uni_pc_bh2 (one extra step, penultimate sigma dropped) is tried

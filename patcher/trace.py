@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .steps import cond_active
+from .step_clock import cond_active
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher

@@ -154,7 +154,7 @@ def test_module_kind(lr):
 
 
 def test_tensor_cache_evicts_least_recent_and_stays_in_budget(pack):
-    from patchbay.hooks.cache import TensorCache
+    from patchbay.hooks.delta_cache import TensorCache
 
     cache = TensorCache(budget_bytes=3 * 400)
     made = []

@@ -1,4 +1,4 @@
-"""A stack of LoRAs merged into one LoRA (merge/lora_stack.py) against the formula: the sum over the stack
+"""A stack of LoRAs merged into one LoRA (merge/stack_to_lora.py) against the formula: the sum over the stack
 of strength * alpha / rank * up @ down, exact at the full concatenated rank; truncated, the error equals the
 reported figure and the SVD's tail energy; opposite-sign overlap reported; bad input refused, nothing
 written."""
@@ -19,7 +19,7 @@ def _library():
     """The library, imported when these tests run: a T1 process collects this file too, and must not load
     merge/ under a second name (devtools/pack_imports.py)."""
     global ls, module_delta
-    from patchbay_merge import lora_stack as ls
+    from patchbay_merge import stack_to_lora as ls
     from patchbay_merge.lora import module_delta
 
 ATTN = "lora_unet_input_blocks_1_1_transformer_blocks_0_attn2_to_k"  # SD1.5: context 768

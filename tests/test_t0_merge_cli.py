@@ -214,7 +214,7 @@ import sys, time
 sys.path.insert(0, {devtools!r})
 import pack_imports
 pack_imports.use_standalone_names()
-from patchbay_merge import cli, registry
+from patchbay_merge import cli, method_registry as registry
 
 def slow(a: registry.Weight) -> registry.Weight:
     \"\"\"Sleeps on every key so that the test can signal the merge while it runs.\"\"\"

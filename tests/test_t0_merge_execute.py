@@ -27,7 +27,8 @@ SHAPES = {
 
 @pytest.fixture(scope="module")
 def m():
-    from patchbay_merge import checks, execute, io, recipe, registry, stream
+    from patchbay_merge import checks, execute, io, recipe, stream
+    from patchbay_merge import method_registry as registry
 
     return type("M", (), {"execute": execute, "io": io, "recipe": recipe, "registry": registry,
                           "stream": stream, "checks": checks})
@@ -361,9 +362,9 @@ def test_the_evaluator_measures_what_it_wrote(m):
     """Evaluator.evaluate_chunked's magnitude equals a whole pass over the output as written (fp16 rounding
     included), for one span and for spans side by side; NaN wins wherever it is."""
     from patchbay_merge.context import KeyContext
-    from patchbay_merge.steps import Call, Graph, Leaf
+    from patchbay_merge.executable import Call, CompiledRecipe, Leaf
 
-    graph = Graph(Call(m.registry.get("weighted_sum"), (Leaf(0), Leaf(1)), {"alpha": 0.25}), [])
+    graph = CompiledRecipe(Call(m.registry.get("weighted_sum"), (Leaf(0), Leaf(1)), {"alpha": 0.25}), [])
     gen = torch.Generator().manual_seed(7)
     a, b = torch.randn(40_000, generator=gen).half() * 300, torch.randn(40_000, generator=gen).half() * 300
     for workers in (1, 2):
@@ -418,9 +419,9 @@ def test_lora_input_adds_its_delta(m, models, tmp_path):
 def test_keys_larger_than_the_read_arena_are_streamed_in_slices(m, abc, tmp_path, name):
     R = m.recipe
     recipe = RECIPES[name](R, *(R.model(str(p)) for p in abc))
-    from patchbay_merge import pipeline, plan, steps
+    from patchbay_merge import executable, pipeline, plan
 
-    graph = steps.compile_recipe(recipe)
+    graph = executable.compile_recipe(recipe)
     sources = graph.open_sources()
     plans = plan.plan_keys(graph, sources, opts(m), plan.MergeReport(path=tmp_path))
     units = list(pipeline.split_units(graph, sources, plans, opts(m, chunk_elements=4096), capacity=64))

@@ -53,7 +53,7 @@ def test_the_lokr_file_carries_the_nearest_kronecker_product_of_each_delta(folde
     from patchbay_merge import extract, lora
     from patchbay_merge import recipe as R
     from patchbay_merge.context import KeyContext
-    from patchbay_merge.registry import get
+    from patchbay_merge.method_registry import get
 
     a, b = (R.model(str(folder / f"{n}.safetensors")) for n in "ab")
     out = folder / "lokr.safetensors"

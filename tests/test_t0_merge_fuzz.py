@@ -56,7 +56,8 @@ TOKENS = ["&0", "&1", "=", '"', "alpha=0.3", "dict", "k=1", "x", "3", "-", "#", 
 
 @pytest.fixture(scope="module")
 def cli():
-    from patchbay_merge import cli, registry
+    from patchbay_merge import cli
+    from patchbay_merge import method_registry as registry
 
     methods = registry.all_methods()
     return cli, [m.name for m in methods], {m.name: m.param_names() for m in methods}

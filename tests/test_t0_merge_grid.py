@@ -82,7 +82,7 @@ def test_more_than_64_variants_when_asked(m):
 
 def test_a_weighted_sum_that_gives_back_an_input_has_its_id_and_its_values(m, tmp_path):
     """A block preset is 0 or 1 per block, so weighted_sum(a, weighted_sum(a, b, preset), alpha) is a
-    wherever the preset is 0, whatever alpha: those keys' ids (Graph.key_id: what the merge cache and
+    wherever the preset is 0, whatever alpha: those keys' ids (CompiledRecipe.key_id: what the merge cache and
     Merge Grid's kept keys go by) are a's at every alpha, and the merge gives a's values there bit for bit
     (weighted_sum returns a at alpha 0, lerp(a, a, w) is a); a key the preset sets to 1 has one id per
     alpha, and a + alpha * (b - a) as values."""
@@ -123,12 +123,13 @@ def test_a_weighted_sum_that_gives_back_an_input_has_its_id_and_its_values(m, tm
 
 
 def test_a_declared_passes_input_decides_the_id_not_the_method_name(m, tmp_path):
-    """Graph.key_id asks the method's ``passes_input`` declaration (merge/registry.py), not its name: a
+    """CompiledRecipe.key_id asks the method's ``passes_input`` declaration (merge/method_registry.py),
+    not its name: a
     throwaway method that declares "b at t=1" gets b's id there and its own elsewhere, an undeclared twin
     never passes; weighted_sum's ids and values agree at an alpha within is_close of 1 (both use its one
     declaration), and a declaration that is not a function is refused at registration."""
     import torch
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
     from patchbay_merge.plan import MergeOptions
     from patchbay_merge.session import MergeSession
     from safetensors.torch import save_file

@@ -29,7 +29,7 @@ D1, D2, D3 = t(10, 12, seed=4), t(10, 12, seed=5), t(10, 12, seed=6)
 
 @pytest.fixture(scope="module")
 def ours():
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
     from patchbay_merge.context import KeyContext
 
     def call(name, *tensors, **scalars):

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.t0
 
 @pytest.fixture(scope="module")
 def m():
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     return registry.get
 
@@ -337,7 +337,7 @@ def test_fallback_and_components(m, ctx):
 
 
 def test_methods_never_change_their_inputs(m, ctx):
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     for method in registry.all_methods():
         inputs = tuple(x.clone() for x in (A, B, C)[: len(method.inputs) + method.variadic])

@@ -19,7 +19,7 @@ def R():
 
 @pytest.fixture(scope="module")
 def reg():
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     return registry
 

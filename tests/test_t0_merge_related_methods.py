@@ -1,6 +1,6 @@
 """T0: the sd-mecha 1.1.8 built-ins that are more than one tensor in, one out for the same key.
 
-The methods that read other keys than the one they evaluate (``related=``, merge/registry.py):
+The methods that read other keys than the one they evaluate (``related=``, merge/method_registry.py):
 exchange_ema and balance_attention give sd-mecha's numbers, keep what they must keep through the
 streaming executor (one attention head's logits and output, every key outside their reach), refuse the
 families they do not know, and read and write as sd-mecha's .mecha text names them. get_rank_from_ratio
@@ -38,7 +38,7 @@ def run_sd_mecha(node, dtype=torch.float32, space="weight") -> dict:
 
 def ours(name: str, state: dict, arch: str) -> dict:
     """Our method on every key of ``state``, each given the keys its ``related`` names."""
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
     from patchbay_merge.context import KeyContext
 
     method, keys = registry.get(name), frozenset(state)
@@ -202,7 +202,7 @@ def test_other_families_are_refused_with_the_supported_ones(m, tmp_path, method)
 
 
 def test_related_and_group_inputs_are_declared_together():
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     def plain(a):
         """Doc."""
@@ -244,7 +244,8 @@ def test_every_sd_mecha_builtin_a_recipe_can_name_is_ours_or_refused_with_a_reme
     """sd-mecha 1.1.8's registry, name by name: its method, the per-model implementation it dispatches to
     (read as ours), a format conversion (merge/mecha_text.py reads those), or one we left out, which
     parse refuses with what to write instead."""
-    from patchbay_merge import mecha_text, registry
+    from patchbay_merge import mecha_text
+    from patchbay_merge import method_registry as registry
 
     ours_names = {m.name for m in registry.all_methods()}
     left_out = set()
@@ -291,7 +292,7 @@ def test_get_rank_from_ratio_feeds_truncate_rank_as_sd_mecha_does(m, tmp_path):
 
 
 def ours_rank(tensor, ratio):
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     return registry.get("get_rank_from_ratio").fn(tensor, ratio=ratio, ctx=None)
 

@@ -149,8 +149,8 @@ def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single
 
 def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
     """What a recipe hook adds while sampling: inf or NaN raises, a blow-up is logged and listed."""
+    from patchbay_merge import method_registry as registry
     from patchbay_merge import recipe as R
-    from patchbay_merge import registry
     from patchbay_merge.checks import NonFiniteError
     from patchbay_merge.session import MergeSession
 
@@ -209,8 +209,8 @@ def test_changing_one_block_recomputes_only_that_blocks_keys(files, tmp_path):
 
 
 def test_intermediates_and_method_caches_survive_a_change_of_the_outer_parameter(files, tmp_path):
+    from patchbay_merge import method_registry as registry
     from patchbay_merge import recipe as R
-    from patchbay_merge import registry
     from patchbay_merge.cache import MergeCache
     from patchbay_merge.execute import merge
 
@@ -323,8 +323,8 @@ def test_a_new_merge_seed_recomputes_only_what_a_random_method_makes(files, tmp_
 
 
 def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
+    from patchbay_merge import method_registry as registry
     from patchbay_merge import recipe as R
-    from patchbay_merge import registry
     from patchbay_merge.execute import merge
 
     seen: dict[str, set] = {"plain": set(), "drawn": set()}

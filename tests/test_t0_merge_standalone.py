@@ -73,7 +73,7 @@ def test_a_failing_builtin_method_module_fails_the_import_every_time(tmp_path):
 
 
 def test_methods_flagged_elementwise_give_each_slice_of_their_whole_result():
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
     from patchbay_merge.context import KeyContext
 
     flagged = [m for m in registry.all_methods() if m.elementwise]

@@ -53,7 +53,7 @@ def run_sd_mecha(node, space):
 
 @pytest.fixture(scope="module")
 def ours():
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
     from patchbay_merge.context import KeyContext
 
     def call(name, *tensors, **scalars):
@@ -142,7 +142,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "build", "tensors", "scalars"), CASES, ids=[c[0] for c in CASES])
 def test_same_numbers_as_sd_mecha(ours, name, build, tensors, scalars):
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     method = name.split("_parallel")[0].split("_sharp")[0]
     method = "truncate_kronecker" if method.startswith("truncate_kronecker") else method

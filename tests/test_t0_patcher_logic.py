@@ -1,7 +1,7 @@
 """T0: the pure logic under the registry, step events and tracing, without ComfyUI.
 
 patcher/ordering.py (priority order, namespaces, did-you-mean), patcher/signatures.py (registration
-checks), patcher/steps.py (step bookkeeping per sampler pattern, schedule slices), patcher/trace.py's
+checks), patcher/step_clock.py (step bookkeeping per sampler pattern, schedule slices), patcher/trace.py's
 recorder, patcher/calls.py (core's arguments by name).
 """
 
@@ -23,17 +23,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def pure(pack):
     import types
 
-    from patchbay.patcher import calls, errors, ordering, signatures, steps, trace
+    from patchbay.patcher import calls, errors, ordering, signatures, step_clock, trace
 
-    return types.SimpleNamespace(errors=errors, ordering=ordering, signatures=signatures, steps=steps,
+    return types.SimpleNamespace(errors=errors, ordering=ordering, signatures=signatures, steps=step_clock,
                                  trace=trace, calls=calls)
 
 
 def test_pure_modules_import_no_comfy():
-    """calls, ordering, signatures, steps, errors and trace import without ComfyUI (fresh interpreter)."""
+    """calls, ordering, signatures, step_clock, errors and trace import without ComfyUI (fresh
+    interpreter)."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); "  # devtools/standalone: the name patchbay, as in T0
-        "from patchbay.patcher import calls, errors, ordering, signatures, steps, trace; "
+        "from patchbay.patcher import calls, errors, ordering, signatures, step_clock, trace; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('comfy', 'torch')); "
         "assert not bad, bad"
     )

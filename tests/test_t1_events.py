@@ -26,7 +26,7 @@ CKPT = "patchbay-sd15-tiny-a.safetensors"
 LORA = "patchbay-lora-r4.safetensors"
 STEPS = 3
 SPECIAL = {"dpm_adaptive": {"scheduler": "karras", "denoise": 0.1}}
-OFF_GRID = {"dpm_fast", "dpm_adaptive"}  # followed by sigma intervals (patcher/steps.py)
+OFF_GRID = {"dpm_fast", "dpm_adaptive"}  # followed by sigma intervals (patcher/step_clock.py)
 
 
 def core_sampler_names() -> list[str]:

@@ -1,4 +1,4 @@
-"""T1: a LoRA stack merged into one LoRA (merge/lora_stack.py through the Merge LoRA Stack node) patches
+"""T1: a LoRA stack merged into one LoRA (merge/stack_to_lora.py through the Merge LoRA Stack node) patches
 what LoraLoader patches with every LoRA of the stack applied, on the tiny SD1.5 model (LoRA, LoCon, LoHa
 and LoKr in one stack): equal within float noise at the full concatenated rank, and within the reported
 truncation error, module by module, at a lower rank. Weights are compared as ComfyUI patches them

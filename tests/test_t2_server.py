@@ -47,7 +47,7 @@ def declared_nodes() -> dict[str, str]:
     """``{NODE_ID: DISPLAY_NAME}`` of every node class declared in nodes/*.py (read, not imported), and
     of one node per registered merge method (nodes/merge_methods.py generates those classes)."""
     import build_merge_docs
-    from patchbay_merge import registry
+    from patchbay_merge import method_registry as registry
 
     declared = {build_merge_docs.node_id(method.name): f"{method.name} (Patchbay merge)"
                 for method in registry.all_methods()}

@@ -1,5 +1,5 @@
 """The executable form of a recipe (``Leaf``, ``Call``, scalars), compiled once per merge: model paths
-resolved and deduplicated, methods looked up, and ``Graph.key_id``, what one key's result depends on.
+resolved and deduplicated, methods looked up, and ``CompiledRecipe.key_id``, what one key's result depends on.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import io as mio
-from . import registry
+from . import method_registry as registry
 from .fingerprint import file_fingerprint
 from .graph import CallNode, FreeInput, LiteralNode, ModelNode, ParamNode, RecipeError
 
@@ -48,7 +48,7 @@ class SourceSpec:
 
 
 @dataclass
-class Graph:
+class CompiledRecipe:
     """A compiled recipe: the root step and the distinct sources its leaves refer to."""
 
     root: Any
@@ -90,7 +90,7 @@ class Graph:
         return opened
 
     def related(self, step: Call, key: str, arch: str) -> tuple[str, ...]:
-        """The keys a ``related=`` method reads to evaluate ``key`` (merge/registry.py)."""
+        """The keys a ``related=`` method reads to evaluate ``key`` (merge/method_registry.py)."""
         return step.method.related(key, arch, self.keys)
 
     def maps(self) -> list[tuple[str, Any]]:
@@ -134,7 +134,7 @@ class Graph:
 
 def _passed_input(method: Any, args: tuple, params: tuple) -> tuple | None:
     """The id of the input a call gives back unchanged for this key, as its method declares
-    (``passes_input``, merge/registry.py: weighted_sum at alpha 0 returns a, at 1 b, and of two equal
+    (``passes_input``, merge/method_registry.py: weighted_sum at alpha 0 returns a, at 1 b, and of two equal
     inputs that input), or None. So the cells of a merge grid whose alpha leaves a key at an input (a
     block preset's 0 blocks) share that key's id: its cached result, and Merge Grid leaves it in the model
     instead of writing it again. A parameter given per key as a tensor (a param-space call) never passes."""
@@ -188,18 +188,19 @@ class FileSource:
 
 
 def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any = None,
-                   resolve: Callable[[str], Any] | None = None, seed: int = 0) -> Graph:
+                   resolve: Callable[[str], Any] | None = None, seed: int = 0) -> CompiledRecipe:
     """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``,
     or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``).
 
     Model paths are deduplicated into source indices (``resolve`` is ``MergeOptions.resolve``: the
     ComfyUI nodes map folder names to files and graph models to ``MemorySource``s, merge/sources.py),
     method names are looked up in the registry, scalars stay numbers and map literals stay
-    ``LiteralNode``s that ``Graph.scalar`` resolves per key (``check_maps`` resolves them against every
+    ``LiteralNode``s that ``CompiledRecipe.scalar`` resolves per key (``check_maps`` resolves them
+    against every
     planned key at plan time, so that a recipe that validates merges). A param-space call given as a
     parameter (``alpha=train_difference_mask(a, b, c)``) is a ``Call`` in ``kwargs``, evaluated per key
     like a tensor input. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to
-    bind. ``Graph.key_id`` names what one key's result of a step depends on, for the cache
+    bind. ``CompiledRecipe.key_id`` names what one key's result of a step depends on, for the cache
     (merge/cache.py).
 
     ``cache``: a dict, or a ``MergeCache`` (merge/cache.py), the caller keeps between merges; each method
@@ -246,7 +247,7 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
     if isinstance(root, Call) and root.method.returns is not None:
         raise RecipeError((root.method.name,), f"gives one {root.method.returns.__name__} per key: a "
                                                f"recipe's result must be a tensor recipe")
-    return Graph(root, sources, seed=seed)
+    return CompiledRecipe(root, sources, seed=seed)
 
 
 def _call_cache(cache: Any, node: CallNode, step: Call, sources: list[SourceSpec]) -> Any:
@@ -284,7 +285,7 @@ def _method_of(node: CallNode) -> registry.MergeMethod:
     return method
 
 
-def check_maps(graph: Graph, arch: str, keys: list[str]) -> None:
+def check_maps(graph: CompiledRecipe, arch: str, keys: list[str]) -> None:
     """Resolve every map of the recipe against the planned float ``keys`` of an ``arch`` model, so that
     a merge that validates never meets a map entry that names nothing or a key that no entry covers.
 

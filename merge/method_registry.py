@@ -162,7 +162,7 @@ def merge_method(fn: Callable[..., Any] | None = None, *, name: str | None = Non
     0 or 1, or of two equal inputs) says so with ``passes_input=fn``: ``fn(params, same_inputs)`` gets
     the call's scalar parameters resolved for a key (defaults filled in) and whether every tensor input
     is the same, and returns the index of the input returned, or None. The cache ids
-    (``Graph.key_id``) of such a call are its input's, so a merge grid's variants share the keys a
+    (``CompiledRecipe.key_id``) of such a call are its input's, so a merge grid's variants share the keys a
     parameter leaves at an input.
 
     A method annotated ``-> int`` (or ``-> str``) returns one number per key instead of a tensor
