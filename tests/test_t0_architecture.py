@@ -285,3 +285,16 @@ def test_cycle_checker_sees_an_import_hidden_in_importlib_and_skips_type_checkin
         (tmp_path / name).write_text(text)
     paths = [tmp_path / name for name in files]
     assert import_cycles(tmp_path, paths) == [["merge.methods", "merge.methods.linear", "merge.registry"]]
+
+
+def test_library_packages_share_no_module_name():
+    """hooks/, patcher/ and merge/ name each module once among them (issue 32: ``plan.py``, ``steps.py`` and
+    ``cache.py`` once meant different things in two packages), so a module's name says which it is.
+    nodes/ may mirror a library module it gives nodes to (nodes/floats.py for hooks/floats.py)."""
+    owners: dict[str, list[str]] = {}
+    for package in ("hooks", "patcher", "merge"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name != "__init__.py":
+                owners.setdefault(path.stem, []).append(path.relative_to(ROOT).as_posix())
+    shared = {name: paths for name, paths in owners.items() if len(paths) > 1}
+    assert not shared, f"rename one of each: {shared}"
