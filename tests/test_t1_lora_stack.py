@@ -78,7 +78,7 @@ def test_truncated_stack_is_within_the_reported_error_module_by_module(merge_lib
     import comfy.lora
     import comfy.sd
 
-    ls = merge_library.lora_stack
+    ls = merge_library.stack_to_lora
 
     model, clip, deltas = stacked
     want = deltas[len(STACK)]
@@ -126,7 +126,7 @@ def test_sdxl_stack_patches_what_loraloader_patches(merge_library, comfy, models
     import arch_sampling
     from comfy import sd as comfy_sd
 
-    ls = merge_library.lora_stack
+    ls = merge_library.stack_to_lora
 
     base = arch_sampling.shared_model("sdxl")
     name = models.loras["patchbay-sdxl-locon-r8"].name

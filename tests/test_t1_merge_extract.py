@@ -87,7 +87,7 @@ def test_extracted_lokr_loads_without_warnings_and_adds_the_nearest_kronecker_pr
     extract = merge_library.extract
     R = merge_library.recipe
     KeyContext = merge_library.context.KeyContext
-    get = merge_library.registry.get
+    get = merge_library.method_registry.get
 
     path, deltas = extracted
     folder, lokr = path.parent.parent, path.with_name("patchbay-extracted-lokr.safetensors")

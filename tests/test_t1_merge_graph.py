@@ -314,7 +314,7 @@ def test_a_blown_up_merge_warns_in_the_node_and_the_log_and_nan_stops_with_a_fix
     text) and the log; inf or NaN stops Merge and Save Merge with a fix in the graph, not a CLI flag."""
     import server
 
-    registry, R = pack.merge.registry, pack.merge.recipe
+    registry, R = pack.merge.method_registry, pack.merge.recipe
     shown = []
     monkeypatch.setattr(server.PromptServer, "instance", type("Server", (), {
         "send_progress_text": lambda self, text, node_id: shown.append((text, node_id))})(), raising=False)

@@ -34,7 +34,7 @@ def ckpt(node, name: str):
 
 
 def test_every_registered_method_is_a_node_with_typed_inputs_defaults_ranges_and_its_doc(pack):
-    registry = pack.merge.registry
+    registry = pack.merge.method_registry
     methods = registry.all_methods()
     assert len(methods) >= 29
     for method in methods:
@@ -67,7 +67,7 @@ def test_every_registered_method_is_a_node_with_typed_inputs_defaults_ranges_and
 def test_the_method_help_pages_are_generated_from_the_registry(pack):
     import build_merge_docs
 
-    for method in pack.merge.registry.all_methods():
+    for method in pack.merge.method_registry.all_methods():
         node_id = pack.nodes.merge_methods.node_id(method)
         assert build_merge_docs.node_id(method.name) == node_id
         text = build_merge_docs.help_page(node_id).read_text()
@@ -76,7 +76,7 @@ def test_the_method_help_pages_are_generated_from_the_registry(pack):
 
 
 def test_a_method_added_to_the_registry_becomes_a_node_with_no_node_code(pack):
-    registry, methods = pack.merge.registry, pack.nodes.merge_methods
+    registry, methods = pack.merge.method_registry, pack.nodes.merge_methods
     with registry.scope():
         def blend3(a, b, *more, alpha: float = 0.25, steps: int = 2):
             """Blends any number of models (a test method)."""

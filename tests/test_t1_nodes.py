@@ -48,7 +48,7 @@ def test_every_node_has_a_help_page(comfy):
     missing = [node_id for node_id in comfy.pack.NODE_CLASS_MAPPINGS
                if not build_merge_docs.help_page(node_id).is_file()]
     assert not missing, f"write web/docs/<NodeId>/en.md for {missing}"
-    stale = [str(path) for path, text in build_merge_docs.pages(comfy.pack.merge.registry).items()
+    stale = [str(path) for path, text in build_merge_docs.pages(comfy.pack.merge.method_registry).items()
              if not path.is_file() or path.read_text() != text]
     assert not stale, f"run devtools/build_merge_docs.py: {stale}"
 
