@@ -33,7 +33,7 @@ class _Entry:
 
 @dataclass
 class MergeCache:
-    """Per-key results across merges, passed as ``MergeOptions.cache``; ``budget_mb`` 0 caches nothing.
+    """Per-key results across merges, passed as ``MergeRuntime.cache``; ``budget_mb`` 0 caches nothing.
 
     - ``get(key_id)`` / ``put(key_id, tensor)`` (``put_copy``: a copy, made only if it fits): a key's
       result (a whole output tensor, or the fp32 result of a non-elementwise call inside the recipe),

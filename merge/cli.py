@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -76,21 +77,6 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 # MergeOptions fields set by a --flag of ``merge`` (type, default and choices come from MergeOptions)
-MERGE_FLAGS = (
-    ("dtype", "(%(default)s)"),
-    ("device", "where the math runs: cpu, cuda, ... (%(default)s)"),
-    ("threads", "torch threads for the math (%(default)s)"),
-    ("workers", "threads evaluating a large elementwise key side by side, at most one per CPU (%(default)s)"),
-    ("memory_budget_mb", "read-ahead + intermediates (%(default)s)"),
-    ("shape_policy", "(%(default)s)"),
-    ("missing_policy", "(%(default)s)"),
-    ("architecture_policy", "inputs of different families or block counts: refuse, or allow to merge "
-                            "them key by key (%(default)s)"),
-    ("nonfinite", "(%(default)s)"),
-    ("seed", "seed of random methods (%(default)s)"),
-)
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .extract import ExtractOptions
     from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
@@ -102,8 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_args(merge)
     merge.add_argument("output", type=Path, help="the .safetensors file to write")
     _merge_option_args(merge)
-    merge.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    merge.add_argument("--no-progress", action="store_true", help="no progress bar")
     merge.set_defaults(run=run_merge)
 
     extract = sub.add_parser("extract", help="extract a kohya LoRA from a delta recipe (e.g. subtract(a, b))")
@@ -167,14 +151,29 @@ def _lora_stack_args(sub: Any) -> None:
     stack.set_defaults(run=run_lora_stack)
 
 
-def _merge_option_args(parser: argparse.ArgumentParser) -> None:
+def merge_option_fields() -> list[dataclasses.Field]:
+    """The ``MergeOptions`` fields that ``merge`` takes as flags of their own: every field but
+    ``search_dirs``, which every subcommand takes as ``--models-dir`` (after the recipe's folder)."""
     from .plan import MergeOptions
 
-    defaults = MergeOptions()
-    for name, help_text in MERGE_FLAGS:
-        default = getattr(defaults, name)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
-                            choices=MergeOptions.CHOICES.get(name), help=help_text)
+    return [f for f in dataclasses.fields(MergeOptions) if f.name != "search_dirs"]
+
+
+def _merge_option_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``MergeOptions`` field, named, typed and explained by the field (merge/plan.py): a
+    True boolean becomes ``--no-<name>``, a False one ``--<name>``."""
+    from .plan import MergeOptions
+
+    for option in merge_option_fields():
+        flag, help_text, default = option.name.replace("_", "-"), option.metadata["help"], option.default
+        if isinstance(default, bool):
+            parser.add_argument(f"--no-{flag}" if default else f"--{flag}", dest=option.name,
+                                action="store_false" if default else "store_true", help=help_text)
+        elif option.name == "spill_dir":
+            parser.add_argument(f"--{flag}", type=Path, default=None, metavar="DIR", help=help_text)
+        else:
+            parser.add_argument(f"--{flag}", type=type(default), default=default,
+                                choices=MergeOptions.CHOICES.get(option.name), help=help_text)
 
 
 def _recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -224,8 +223,8 @@ def _search_dirs(args: argparse.Namespace) -> tuple[Path, ...]:
 def run_merge(args: argparse.Namespace) -> int:
     from .execute import MergeOptions, merge
 
-    options = MergeOptions(**{name: getattr(args, name) for name, _ in MERGE_FLAGS}, overwrite=args.overwrite,
-                           progress=not args.no_progress, search_dirs=_search_dirs(args))
+    options = MergeOptions(**{f.name: getattr(args, f.name) for f in merge_option_fields()},
+                           search_dirs=_search_dirs(args))
     report = merge(load_recipe(args), args.output, options)
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -10,7 +10,7 @@ import torch
 
 from .graph import CallNode, Node, RecipeError, label
 from .names import DELTA, WEIGHT
-from .plan import MergeOptions
+from .plan import NO_RUNTIME, MergeOptions, MergeRuntime
 from .recipe import output_space
 from .session import MergeSession
 
@@ -52,17 +52,17 @@ class RecipeDeltas:
                                          delta-space recipe (subtract(...), a LoRA, TIES of differences),
                                          no base                         -> the recipe itself
                                          anything else                   -> RecipeError naming the fix
-        RecipeDeltas(delta, options)     a MergeSession opened once (headers only, every input checked:
-                                         one architecture); ``shapes`` lists the float keys and their
+        RecipeDeltas(delta, options[,    a MergeSession opened once (headers only, every input checked:
+          runtime])                      one architecture); ``shapes`` lists the float keys and their
                                          shapes, ``delta(key)`` evaluates one key in fp32 on first use
-                                         (MergeSession.evaluate, with the options' MergeCache)
+                                         (MergeSession.evaluate, with the runtime's MergeCache)
 
     At strength 1 on the base model the hook gives ``base + (recipe - base)``: the merged model.
     ComfyUI-free; the keys are the recipe's canonical ones (``model.diffusion_model.X``).
     """
 
-    def __init__(self, delta: Node, options: MergeOptions) -> None:
-        self.session = MergeSession(delta, options)
+    def __init__(self, delta: Node, options: MergeOptions, runtime: MergeRuntime = NO_RUNTIME) -> None:
+        self.session = MergeSession(delta, options, runtime=runtime)
         self.arch = self.session.arch
         self.shapes: dict[str, tuple[int, ...]] = {p.key: tuple(p.shape) for p in self.session.plans
                                                    if p.passthrough is None}

@@ -192,7 +192,7 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
     """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``,
     or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``).
 
-    Model paths are deduplicated into source indices (``resolve`` is ``MergeOptions.resolve``: the
+    Model paths are deduplicated into source indices (``resolve`` is ``MergeRuntime.resolve``: the
     ComfyUI nodes map folder names to files and graph models to ``MemorySource``s, merge/sources.py),
     method names are looked up in the registry, scalars stay numbers and map literals stay
     ``LiteralNode``s that ``CompiledRecipe.scalar`` resolves per key (``check_maps`` resolves them

@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 from . import io as mio
-from .plan import MergeError, MergeOptions, MergeReport, PlanSummary, plan
+from .plan import NO_RUNTIME, MergeError, MergeOptions, MergeReport, MergeRuntime, PlanSummary, plan
 from .session import MergeSession
 
-__all__ = ["MergeError", "MergeOptions", "MergeReport", "MergeSession", "PlanSummary", "merge",
-           "plan"]  # the Python API
+__all__ = ["MergeError", "MergeOptions", "MergeReport", "MergeRuntime", "MergeSession", "PlanSummary",
+           "merge", "plan"]  # the Python API
 
 
-def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | None = None) -> MergeReport:
+def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | None = None,
+          runtime: MergeRuntime = NO_RUNTIME) -> MergeReport:
     """Merge ``recipe`` (a closed recipe graph) into ``out_path``; returns a ``MergeReport``.
 
     Raises ``MergeError``, ``io.ModelFileError`` or ``FileExistsError`` before any output exists when
@@ -43,7 +44,8 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     Devices: ``device="cuda"`` moves each key's inputs to the GPU and runs whole-tensor evaluation
     there (untested here: the development machine has no GPU).
 
-    Options, the report and the policies for shape mismatches and missing keys: merge/plan.py. The
+    Options, the runtime (cache, path lookup, interrupt, progress callbacks), the report and the policies
+    for shape mismatches and missing keys: merge/plan.py. The
     plan-then-stream steps themselves are ``MergeSession`` (merge/session.py), which other callers stream
     into other sinks (the ComfyUI Merge node fills a model's parameters).
     """
@@ -51,7 +53,7 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     start = time.perf_counter()
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
-    with MergeSession(recipe, options, out_path) as session:
+    with MergeSession(recipe, options, runtime, out_path) as session:
         report = session.report
         metadata = {"patchbay.recipe": session.recipe_text(), "patchbay.generator": "ComfyUI-Patchbay merge"}
         outputs = [mio.OutputTensor(p.key, p.dtype, p.shape) for p in session.plans]

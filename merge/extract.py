@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from .executable import check_maps, compile_recipe, recipe_text
 from .io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from .lora_keys import TEXT_ENCODERS
 from .methods.kronecker import kronecker_factors
+from .plan import NO_RUNTIME, MergeRuntime
 from .stream import Evaluator
 
 _TE_LINEAR = re.compile(r"text_model\.encoder\.layers\.\d+\.(self_attn\.(q|k|v|out)_proj|mlp\.fc[12])$")
@@ -30,8 +30,9 @@ class ExtractOptions:
     """``rank`` (or ``energy`` in (0, 1]) per module, ``conv_rank`` for k x k convolutions (k > 1);
     ``kronecker_ratio`` in [0, 1] writes a rank-1 LoKr instead (0: w1 as small as can be, 1 as large).
 
-    ``architecture_policy``, ``resolve``, ``check`` and ``on_progress`` (keys done, keys in all) as in
-    ``MergeOptions``: inputs of different families or block counts are refused unless it is ``"allow"``.
+    ``architecture_policy`` as in ``MergeOptions``: inputs of different families or block counts are
+    refused unless it is ``"allow"``. A run's ``resolve``, ``check`` and ``on_progress`` (keys done, keys
+    in all) come in a ``MergeRuntime``.
     """
 
     rank: int | None = 32
@@ -43,9 +44,6 @@ class ExtractOptions:
     search_dirs: tuple[Path, ...] = ()
     threads: int = 1  # torch threads for the SVDs (0 keeps torch's setting), as MergeOptions.threads
     architecture_policy: str = "refuse"
-    resolve: Callable[[str], Any] | None = field(default=None, compare=False)  # as in MergeOptions
-    check: Callable[[], None] | None = field(default=None, compare=False)
-    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     kronecker_ratio: float | None = None
 
     def __post_init__(self) -> None:
@@ -96,8 +94,8 @@ def kohya_name(key: str) -> str | None:
     return None
 
 
-def extract_lora(recipe: object, out_path: str | Path,
-                 options: ExtractOptions | None = None) -> ExtractReport:
+def extract_lora(recipe: object, out_path: str | Path, options: ExtractOptions | None = None,
+                 runtime: MergeRuntime = NO_RUNTIME) -> ExtractReport:
     """Decompose every LoRA-able key of ``recipe``'s output into a kohya LoRA at ``out_path``.
 
     Each 2-D weight (linear) and 3-D to 5-D weight (a 1-D, 2-D or 3-D convolution, flattened to
@@ -121,14 +119,14 @@ def extract_lora(recipe: object, out_path: str | Path,
     start = time.perf_counter()
     out_path = Path(out_path)
     mio.check_output_path(out_path, options.overwrite)
-    graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
+    graph = compile_recipe(recipe, options.search_dirs, resolve=runtime.resolve)
     sources = graph.open_sources(options.architecture_policy)
     report = ExtractReport(out_path, warnings=list(graph.notes))
     previous_threads = torch.get_num_threads()
     if options.threads > 0:
         torch.set_num_threads(options.threads)
     try:
-        tensors, errors = _modules(graph, sources, options, report)
+        tensors, errors = _modules(graph, sources, options, report, runtime)
     finally:
         torch.set_num_threads(previous_threads)
         for source in sources:
@@ -149,8 +147,8 @@ def extract_lora(recipe: object, out_path: str | Path,
     return report
 
 
-def _modules(graph: Any, sources: list, options: ExtractOptions,
-             report: ExtractReport) -> tuple[dict[str, torch.Tensor], list[float]]:
+def _modules(graph: Any, sources: list, options: ExtractOptions, report: ExtractReport,
+             runtime: MergeRuntime) -> tuple[dict[str, torch.Tensor], list[float]]:
     """The LoRA's tensors (up, down, alpha per module) and each module's relative error."""
     tensors: dict[str, torch.Tensor] = {}
     errors: list[float] = []
@@ -160,7 +158,7 @@ def _modules(graph: Any, sources: list, options: ExtractOptions,
     report.arch = weights[0].arch
     check_maps(graph, report.arch, [key for key in keys if kohya_name(key) is not None])
     dtype = OUT_DTYPES[options.dtype]
-    for key in checked_steps(list(keys), options.check, options.on_progress):
+    for key in checked_steps(list(keys), runtime.check, runtime.on_progress):
         name = kohya_name(key)
         if name is None:
             report.dropped.append(key)

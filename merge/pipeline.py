@@ -21,11 +21,11 @@ from .checks import check_output, known_magnitude, larger
 from .context import KeyContext
 from .executable import CompiledRecipe
 from .io import ALIGN
-from .plan import cache_salt
+from .plan import NO_RUNTIME, cache_salt
 from .stream import Evaluator, Spill, chunkable
 
 if TYPE_CHECKING:
-    from .plan import KeyPlan, MergeOptions, MergeReport
+    from .plan import KeyPlan, MergeOptions, MergeReport, MergeRuntime
 
 _DONE = object()
 OUT_BUFFERS = (2, 6)  # the calling thread computes into one while the writer drains the others
@@ -44,7 +44,7 @@ class Unit:
 
 
 def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, options: MergeOptions,
-        report: MergeReport, spill_dir: Path | None = None) -> None:
+        report: MergeReport, spill_dir: Path | None = None, runtime: MergeRuntime = NO_RUNTIME) -> None:
     """Stream every planned key through read-ahead, evaluation and ``sink``.
 
     Three threads share the work and never hold more than a few keys: the reader maps the next units'
@@ -63,9 +63,9 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
     elements: the reader then maps that byte range of every input and the slices are evaluated into the
     key's output buffer.
 
-    With a ``MergeCache`` (``MergeOptions.cache``), a key whose result is cached under the same
+    With a ``MergeCache`` (``MergeRuntime.cache``), a key whose result is cached under the same
     ``CompiledRecipe.key_id`` is written from the cache without reading its inputs, and each computed key is
-    stored (only those in ``MergeOptions.cache_keep`` when it is given). ``MergeOptions.check`` runs
+    stored (only those in ``MergeRuntime.cache_keep`` when it is given). ``MergeRuntime.check`` runs
     before every unit (and inside long elementwise loops), so an interrupt stops within one key;
     ``on_progress`` follows the progress bar.
 
@@ -73,9 +73,10 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
     is reused afterwards, so a sink copies what it keeps): the safetensors writer, or the ComfyUI Merge
     node's model (nodes/merge_runtime.py).
     """
+    check, on_progress = runtime.check, runtime.on_progress
     budget = options.memory_budget_mb * 2**20
     capacity = max(ALIGN, budget // 8)  # a unit's inputs; the units in flight: a quarter of the budget
-    cache = options.cache if hasattr(options.cache, "put") else None
+    cache = runtime.cache if hasattr(runtime.cache, "put") else None
     salt = cache_salt(options)
     cached = _cached_results(graph, plans, cache, salt, report.arch) if cache is not None else {}
     report.cached_keys += len(cached)
@@ -87,7 +88,7 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
     spill = Spill(spill_dir or options.spill_dir or Path(sink.path).parent)
     workers = max(1, min(options.workers, os.cpu_count() or 1))
     evaluator = Evaluator(graph, options.shape_policy, spill, budget // 2, sources, cache=cache, salt=salt,
-                          check=options.check, workers=workers)
+                          check=check, workers=workers)
     pipe = _Pipeline(sources, units, sink, slots, outs, out_bytes)
     previous_threads = torch.get_num_threads()
     if options.threads > 0:
@@ -97,14 +98,15 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
         total, done = sum(math.prod(p.shape) * p.dtype.itemsize for p in plans), 0
         with _progress(options, total, Path(getattr(sink, "path", "merge"))) as bar:
             for unit, raw in pipe.inputs():
-                if options.check is not None:
-                    options.check()
-                _run_unit(pipe, evaluator, graph, unit, raw, options, report, cache, salt)
+                if check is not None:
+                    check()
+                _run_unit(pipe, evaluator, graph, unit, raw, options, report, cache, salt,
+                          runtime.cache_keep)
                 size = (unit.end - unit.start) if unit.sliced else math.prod(unit.plan.shape)
                 bar.update(size * unit.plan.dtype.itemsize)
                 done += size * unit.plan.dtype.itemsize
-                if options.on_progress is not None:
-                    options.on_progress(min(total, done), total)
+                if on_progress is not None:
+                    on_progress(min(total, done), total)
         pipe.finish()
     finally:
         pipe.stop()
@@ -115,8 +117,10 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
 
 
 def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: CompiledRecipe, unit: Unit, raw: Any,
-              options: MergeOptions, report: MergeReport, cache: Any, salt: tuple) -> None:
-    """Evaluate one unit (or take it from the cache) and hand a finished key to the writer."""
+              options: MergeOptions, report: MergeReport, cache: Any, salt: tuple,
+              cache_keep: Any = None) -> None:
+    """Evaluate one unit (or take it from the cache) and hand a finished key to the writer; ``cache_keep``
+    as ``MergeRuntime.cache_keep``."""
     plan = unit.plan
     if unit.cached is not None:
         if unit.cached is DROPPED:
@@ -144,12 +148,12 @@ def _run_unit(pipe: _Pipeline, evaluator: Evaluator, graph: CompiledRecipe, unit
         return
 
     ident = root_id(graph, plan, salt, report.arch) if cache is not None else None
-    keep = cache is not None and (options.cache_keep is None or ident in options.cache_keep)
+    keep = cache is not None and (cache_keep is None or ident in cache_keep)
 
     def checked(out: torch.Tensor) -> None:  # in the writer thread: checked, then cached, then written
         check_output(out, plan, options, report, evaluator.sources, known, size)
         if keep:
-            cache.put_copy(ident, out, keep=options.cache_keep)
+            cache.put_copy(ident, out, keep=cache_keep)
 
     pipe.write(plan.key, result, before=checked)
     if cache is not None:  # here, not in the writer: the methods fill their cache dicts in this thread,

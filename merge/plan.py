@@ -24,9 +24,17 @@ class MergeError(ValueError):
     """A merge that cannot run as asked; the message names the key or input and the remedy."""
 
 
+def _option(default: Any, help_text: str, **more: Any) -> Any:
+    """A ``MergeOptions`` field; ``help_text`` is its command-line help (merge/cli.py makes one flag per
+    field, ``%(default)s`` shows the default)."""
+    return field(default=default, metadata={"help": help_text, **more})
+
+
 @dataclass(frozen=True)
 class MergeOptions:
-    """How to run a merge.
+    """How to run a merge: configuration only, every field a command-line flag (merge/cli.py), equal
+    options merge alike. What a caller hands a run besides (cache, path lookup, interrupt, progress)
+    is a ``MergeRuntime``.
 
     ``shape_policy``: when a method's inputs disagree in shape, ``"overlap"`` (default) merges the common
     leading region and keeps the first input's shape and its values outside the overlap (an inpainting
@@ -37,51 +45,38 @@ class MergeOptions:
     out, ``"error"`` stops at plan time. Delta inputs (LoRAs) that lack a key contribute zero; methods
     registered with ``accepts_missing`` receive ``None`` instead.
 
-    ``threads``: torch intra-op threads while merging (0 keeps torch's setting). ``workers``: threads
-    that evaluate one large elementwise key (weighted_sum, add_difference, ...) in spans side by side,
-    the calling thread among them (at most one per CPU; 1: the calling thread alone). ``device``: where
-    the math runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``). ``memory_budget_mb`` bounds what the merge holds
-    besides torch itself: the inputs of the keys read ahead (up to ``prefetch`` keys besides the one
-    being merged; one key, no read-ahead, when a key's inputs are larger) get a quarter, the output
-    buffers the writer drains a quarter (two to six), the intermediates of one key half; above that
-    they are spilled to a temporary file next to the output (or in ``spill_dir``).
-    ``nonfinite``: ``"error"`` or ``"warn"`` when an output tensor holds inf/NaN. ``search_dirs``:
-    folders where relative model paths are looked up after the current folder. ``cache``: pass
-    the same dict to successive merges so methods reuse per-key work (``KeyContext.cache``), or a
-    ``MergeCache`` (merge/cache.py) to also reuse whole results of keys and sub-graphs, in a budget.
-    ``cache_keep``: the ids (``pipeline.root_id``) of the final results worth storing in that cache, or
-    None for all: a caller that knows its next merges (Merge Grid) names what they will read, so the
-    results nothing reads again are not copied into the cache, and those it names are not evicted to
-    make room for others (results inside a recipe are unaffected).
-
-    For callers that embed the engine (the ComfyUI nodes): ``resolve(path)`` replaces the path
-    lookup (returns a ``Path`` or a source object, merge/sources.py); ``check()`` runs between keys
-    and raises to stop the merge (everything is cleaned up as after Ctrl-C); ``on_progress(done,
-    total)`` reports output bytes done, in the calling thread.
+    ``memory_budget_mb`` bounds what the merge holds besides torch itself: the inputs of the keys read
+    ahead (up to ``prefetch`` keys besides the one being merged; one key, no read-ahead, when a key's
+    inputs are larger) get a quarter, the output buffers the writer drains a quarter (two to six), the
+    intermediates of one key half; above that they are spilled to a temporary file next to the output
+    (or in ``spill_dir``).
     """
 
-    dtype: str = "fp16"
-    device: str = "cpu"
-    threads: int = 1
-    workers: int = 2
-    memory_budget_mb: int = 1024
-    overwrite: bool = False
-    shape_policy: str = "overlap"
-    missing_policy: str = "first"
-    architecture_policy: str = "refuse"
-    nonfinite: str = "error"
-    seed: int = 0
-    progress: bool = True
-    fsync: bool = True
-    prefetch: int = 3
-    chunk_elements: int = 1 << 16
-    search_dirs: tuple[Path, ...] = ()
-    cache: Any = field(default=None, compare=False)
-    cache_keep: Container | None = field(default=None, compare=False)
-    resolve: Callable[[str], Any] | None = field(default=None, compare=False)
-    check: Callable[[], None] | None = field(default=None, compare=False)
-    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
-    spill_dir: Path | None = None
+    dtype: str = _option("fp16", "output dtype (%(default)s)")
+    device: str = _option("cpu", "where the math runs: cpu, cuda, cuda:1 ... (%(default)s)")
+    threads: int = _option(1, "torch threads for the math; 0 keeps torch's setting (%(default)s)")
+    workers: int = _option(2, "threads evaluating a large elementwise key side by side, the calling thread "
+                              "among them, at most one per CPU (%(default)s)")
+    memory_budget_mb: int = _option(1024, "read-ahead + output buffers + intermediates, MB; more is spilled "
+                                          "to disk (%(default)s)")
+    overwrite: bool = _option(False, "replace an existing output file")
+    shape_policy: str = _option("overlap", "inputs of different shapes: merge the overlap, keep the first, "
+                                           "or stop (%(default)s)")
+    missing_policy: str = _option("first", "a key some inputs lack: pass the first input's, leave it out, "
+                                           "or stop (%(default)s)")
+    architecture_policy: str = _option("refuse", "inputs of different families or block counts: refuse, "
+                                                 "or allow to merge them key by key (%(default)s)")
+    nonfinite: str = _option("error", "an output tensor with inf or NaN: "
+                                      "stop, or warn (%(default)s)")
+    seed: int = _option(0, "seed of random methods (%(default)s)")
+    progress: bool = _option(True, "show a progress bar")
+    fsync: bool = _option(True, "flush the output to disk before it replaces the target")
+    prefetch: int = _option(3, "keys read ahead besides the one being merged (%(default)s)")
+    chunk_elements: int = _option(1 << 16, "elements per slice of an elementwise key (%(default)s)")
+    search_dirs: tuple[Path, ...] = _option((), "where to look for relative model paths (after the current "
+                                                "folder and the recipe's folder; repeatable)",
+                                            flag="models-dir")
+    spill_dir: Path | None = _option(None, "folder for spilled intermediates (default: the output's)")
 
     CHOICES = {"dtype": tuple(OUT_DTYPES), "shape_policy": SHAPE_POLICIES, "missing_policy": MISSING_POLICIES,
                "architecture_policy": ARCHITECTURE_POLICIES,
@@ -91,6 +86,33 @@ class MergeOptions:
         for name, allowed in self.CHOICES.items():
             if (value := getattr(self, name)) not in allowed:
                 raise ValueError(f"MergeOptions.{name}={value!r}; choose one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class MergeRuntime:
+    """What a caller that embeds the engine (the ComfyUI nodes, a test) hands one run besides its
+    ``MergeOptions``; used by merges, LoRA extraction and LoRA stacks alike.
+
+    ``cache``: pass the same dict to successive merges so methods reuse per-key work
+    (``KeyContext.cache``), or a ``MergeCache`` (merge/cache.py) to also reuse whole results of keys and
+    sub-graphs, in a budget. ``cache_keep``: the ids (``pipeline.root_id``) of the final results worth
+    storing in that cache, or None for all: a caller that knows its next merges (Merge Grid) names what
+    they will read, so the results nothing reads again are not copied into the cache, and those it names
+    are not evicted to make room for others (results inside a recipe are unaffected). ``resolve(path)``
+    replaces the path lookup (returns a ``Path`` or a source object, merge/sources.py); ``check()`` runs
+    between keys and raises to stop the run (everything is cleaned up as after Ctrl-C);
+    ``on_progress(done, total)`` reports work done (output bytes of a merge, keys or modules of an
+    extraction or stack), in the calling thread.
+    """
+
+    cache: Any = None
+    cache_keep: Container | None = None
+    resolve: Callable[[str], Any] | None = None
+    check: Callable[[], None] | None = None
+    on_progress: Callable[[int, int], None] | None = None
+
+
+NO_RUNTIME = MergeRuntime()
 
 
 def cache_salt(options: MergeOptions) -> tuple:
@@ -140,11 +162,11 @@ class PlanSummary:
     warnings: list[str]
 
 
-def plan(recipe: object, options: MergeOptions | None = None,
-         search_dirs: tuple[Path, ...] = ()) -> PlanSummary:
+def plan(recipe: object, options: MergeOptions | None = None, search_dirs: tuple[Path, ...] = (),
+         runtime: MergeRuntime = NO_RUNTIME) -> PlanSummary:
     """Check a recipe against its files without writing anything (``validate`` in the CLI)."""
     options = options or MergeOptions(search_dirs=tuple(search_dirs))
-    graph = compile_recipe(recipe, options.search_dirs, resolve=options.resolve)
+    graph = compile_recipe(recipe, options.search_dirs, resolve=runtime.resolve)
     report = MergeReport(path=Path())
     with opened_sources(graph, options.architecture_policy) as sources:
         plans = plan_keys(graph, sources, options, report)

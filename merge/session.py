@@ -13,7 +13,7 @@ from . import pipeline
 from .checks import check_evaluated, stream_warnings
 from .context import KeyContext
 from .executable import compile_recipe, recipe_text
-from .plan import KeyPlan, MergeOptions, MergeReport, cache_salt, plan_keys
+from .plan import NO_RUNTIME, KeyPlan, MergeOptions, MergeReport, MergeRuntime, cache_salt, plan_keys
 from .stream import Evaluator
 
 
@@ -32,10 +32,12 @@ class MergeSession:
     raises there, with every input closed again.
     """
 
-    def __init__(self, recipe: object, options: MergeOptions | None = None, path: Path | None = None) -> None:
+    def __init__(self, recipe: object, options: MergeOptions | None = None,
+                 runtime: MergeRuntime = NO_RUNTIME, path: Path | None = None) -> None:
         self.recipe = recipe
         self.options = options = options or MergeOptions()
-        self.graph = compile_recipe(recipe, options.search_dirs, options.cache, options.resolve, options.seed)
+        self.runtime = runtime
+        self.graph = compile_recipe(recipe, options.search_dirs, runtime.cache, runtime.resolve, options.seed)
         self.report = MergeReport(path=path or Path())
         self.sources = self.graph.open_sources(options.architecture_policy)
         try:
@@ -67,7 +69,8 @@ class MergeSession:
     def stream(self, sink: Any, plans: list[KeyPlan] | None = None, spill_dir: Path | None = None) -> None:
         """Evaluate ``plans`` (default: every key) in order into ``sink.append(key, tensor)``."""
         chosen = self.plans if plans is None else plans
-        pipeline.run(self.graph, self.sources, chosen, sink, self.options, self.report, spill_dir)
+        pipeline.run(self.graph, self.sources, chosen, sink, self.options, self.report, spill_dir,
+                     self.runtime)
 
     def finish(self) -> MergeReport:
         """The report once every key is streamed, with the warnings about the values written (inf or NaN
@@ -84,8 +87,8 @@ class MergeSession:
 
     def evaluate(self, key: str) -> torch.Tensor | None:
         """The recipe's fp32 result for one canonical ``key`` (None: the recipe drops it), using and
-        filling the options' ``MergeCache`` when there is one."""
-        cache = self.options.cache if hasattr(self.options.cache, "put") else None
+        filling the runtime's ``MergeCache`` when there is one."""
+        cache = self.runtime.cache if hasattr(self.runtime.cache, "put") else None
         ident = ("eval", self._salt, self.graph.key_id(self.graph.root, key, self.arch))
         if cache is not None and (found := cache.get(ident)) is not None:
             return found

@@ -36,7 +36,7 @@ class MemorySource:
     A ``MemorySource`` gets its keys' infos up front and a ``fetch(key)`` callable for the values, so a
     caller can hand the engine a model that lives elsewhere (ComfyUI's MODEL with its patches applied key
     by key: nodes/merge_runtime.py) without the engine knowing where. A recipe names it by a path that
-    ``MergeOptions.resolve`` maps to the source.
+    ``MergeRuntime.resolve`` maps to the source.
     """
 
     def __init__(self, name: str, infos: Mapping[str, TensorInfo], fetch: Callable[[str], torch.Tensor],

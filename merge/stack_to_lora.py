@@ -8,7 +8,7 @@ import fnmatch
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from .io import OUT_DTYPES
 from .lora import module_delta, module_factors, patched_shape
 from .lora_keys import TEXT_ENCODERS, block_key
 from .names import did_you_mean
+from .plan import NO_RUNTIME, MergeRuntime
 
 # tensor name suffix -> the part name merge/lora.py reads (PEFT/diffusers up/down read as kohya's)
 PARTS = {".lora_up.weight": "lora_up.weight", ".lora_down.weight": "lora_down.weight",
@@ -59,7 +60,8 @@ class StackEntry:
 @dataclass(frozen=True)
 class StackOptions:
     """``rank`` per module, or the smallest rank keeping ``energy`` of each module's squared singular
-    values; ``check`` and ``on_progress`` (modules done, modules in all) as in ``MergeOptions``."""
+    values. A run's ``check`` and ``on_progress`` (modules done, modules in all) come in a
+    ``MergeRuntime``."""
 
     rank: int | None = 32
     energy: float | None = None
@@ -67,8 +69,6 @@ class StackOptions:
     device: str = "cpu"
     overwrite: bool = False
     threads: int = 1  # torch threads for the QRs and SVDs (0 keeps torch's setting), as in ExtractOptions
-    check: Callable[[], None] | None = field(default=None, compare=False)
-    on_progress: Callable[[int, int], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         check_size(self.rank, self.energy, self.dtype)
@@ -128,8 +128,8 @@ class _Lora:
     arch: str
 
 
-def merge_lora_stack(entries: Sequence[StackEntry], out_path: str | Path,
-                     options: StackOptions | None = None) -> StackReport:
+def merge_lora_stack(entries: Sequence[StackEntry], out_path: str | Path, options: StackOptions | None = None,
+                     runtime: MergeRuntime = NO_RUNTIME) -> StackReport:
     """Merge ``entries`` into one LoRA at ``out_path`` (see the module docstring); nothing is written
     unless every module merged with finite values.
 
@@ -169,7 +169,7 @@ def merge_lora_stack(entries: Sequence[StackEntry], out_path: str | Path,
         if options.threads > 0:
             torch.set_num_threads(options.threads)
         try:
-            tensors = _merge_modules(loras, modules, report, options)
+            tensors = _merge_modules(loras, modules, report, options, runtime)
         finally:
             torch.set_num_threads(previous_threads)
     finally:
@@ -266,11 +266,11 @@ def _check_plan(loras: list[_Lora], modules: list[str], report: StackReport, opt
                              f"such as 0.99")
 
 
-def _merge_modules(loras: list[_Lora], modules: list[str], report: StackReport,
-                   options: StackOptions) -> dict[str, torch.Tensor]:
+def _merge_modules(loras: list[_Lora], modules: list[str], report: StackReport, options: StackOptions,
+                   runtime: MergeRuntime) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     dtype = OUT_DTYPES[options.dtype]
-    for module in checked_steps(modules, options.check, options.on_progress):
+    for module in checked_steps(modules, runtime.check, runtime.on_progress):
         terms = [t for lora in loras if module in lora.modules
                  and (t := _term(lora, module, report.arch, options.device)) is not None]
         if not terms:

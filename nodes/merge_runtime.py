@@ -23,7 +23,7 @@ import torch
 from ..merge.cache import MergeCache
 from ..merge.checks import NonFiniteError
 from ..merge.extract import ExtractOptions
-from ..merge.plan import MergeOptions
+from ..merge.plan import MergeOptions, MergeRuntime
 from ..merge.sources import MemorySource
 from . import merge_files, merge_graph
 
@@ -67,22 +67,23 @@ def _progress() -> Any:
     return lambda done, total: bar.update_absolute(done, max(total, 1))
 
 
-def merge_options(*, cache_mb: float = 0, **fields: Any) -> MergeOptions:
-    """``MergeOptions`` for a node: resolver, ComfyUI's interrupt (checked between keys and inside long
-    keys), its progress bar and the process-wide ``CACHE`` (``cache_mb`` sets its budget); other
-    ``fields`` as given.
-    Intermediates over the memory budget spill into ComfyUI's temp folder (made if missing: ComfyUI
-    removes it at startup)."""
+def node_runtime(cache_mb: float = 0, cache_keep: Any = None) -> MergeRuntime:
+    """A node's ``MergeRuntime``: the resolver, ComfyUI's interrupt (checked between keys and inside long
+    keys), its progress bar and the process-wide ``CACHE`` (``cache_mb`` sets its budget; ``cache_keep``
+    as ``MergeRuntime.cache_keep``)."""
+    return MergeRuntime(cache=use_cache(cache_mb), cache_keep=cache_keep, resolve=resolve,
+                        check=comfy.model_management.throw_exception_if_processing_interrupted,
+                        on_progress=_progress())
+
+
+def merge_run(*, cache_mb: float = 0, cache_keep: Any = None,
+              **fields: Any) -> tuple[MergeOptions, MergeRuntime]:
+    """A node's merge: ``MergeOptions`` of ``fields`` (no progress bar in the console; intermediates over
+    the memory budget spill into ComfyUI's temp folder, made if missing: ComfyUI removes it at startup)
+    and ``node_runtime(cache_mb, cache_keep)``."""
     spill = Path(folder_paths.get_temp_directory())
     spill.mkdir(parents=True, exist_ok=True)
-    return MergeOptions(progress=False, resolve=resolve, cache=use_cache(cache_mb),
-                        check=comfy.model_management.throw_exception_if_processing_interrupted,
-                        on_progress=_progress(), spill_dir=spill, **fields)
-
-
-def extract_options(**fields: Any) -> ExtractOptions:
-    interrupt = comfy.model_management.throw_exception_if_processing_interrupted
-    return ExtractOptions(resolve=resolve, check=interrupt, on_progress=_progress(), **fields)
+    return MergeOptions(progress=False, spill_dir=spill, **fields), node_runtime(cache_mb, cache_keep)
 
 
 class _DictSink:
@@ -169,7 +170,7 @@ def release(results: Iterable = ()) -> None:
 
 def cache_wants(recipes: list, **fields: Any) -> list[frozenset] | None:
     """For recipes merged in this order by ``merge_models(recipe, reuse=...)`` (Merge Grid's variants),
-    the results each should leave in the merge cache (``MergeOptions.cache_keep``): those a later one
+    the results each should leave in the merge cache (``MergeRuntime.cache_keep``): those a later one
     merges (merge/grid.cache_wants), each after the first filling the previous one's model (a recipe of
     diffusion-model weights; the grid caches everything again when its first merge built a text encoder
     or VAE). Planned from the files' headers, nothing merged; None without a cache."""
@@ -182,9 +183,8 @@ def cache_wants(recipes: list, **fields: Any) -> list[frozenset] | None:
         return None
     ids = []
     for recipe in recipes:
-        options = MergeOptions(dtype="fp32", resolve=resolve, **{k: v for k, v in fields.items()
-                                                                  if k != "cache_mb"})
-        with MergeSession(recipe, options) as session:
+        options = MergeOptions(dtype="fp32", **{k: v for k, v in fields.items() if k != "cache_mb"})
+        with MergeSession(recipe, options, runtime=MergeRuntime(resolve=resolve)) as session:
             unet, _ = _split_plans(session)
             salt = cache_salt(options)
             ids.append({p.key: root_id(session.graph, p, salt, session.arch) for p in unet})
@@ -243,8 +243,8 @@ def merge_models(recipe: object, reuse: list | None = None, **fields: Any) -> tu
     report's lines for the node (its warnings also go to the log). ``reuse``: see ``build_models``."""
     from ..merge.session import MergeSession
 
-    options = merge_options(dtype="fp32", **fields)
-    with MergeSession(recipe, options) as session, _stopped_on_nonfinite("Merge"):
+    options, runtime = merge_run(dtype="fp32", **fields)
+    with MergeSession(recipe, options, runtime=runtime) as session, _stopped_on_nonfinite("Merge"):
         model, clip, vae = build_models(session, reuse)
         report = session.finish()
     kept, unchanged = len(session.plans) - len(report.skipped), session.unchanged_keys
@@ -263,7 +263,7 @@ def save_merge(recipe: object, filename: str, if_exists: str, **fields: Any) -> 
 
     path = merge_files.output_file(filename, if_exists)
     with _stopped_on_nonfinite("Save Merge"):
-        report = merge(recipe, path, merge_options(overwrite=if_exists == "overwrite", **fields))
+        report = merge(recipe, path, *merge_run(overwrite=if_exists == "overwrite", **fields))
     for warning in report.warnings:
         LOG.warning("Save Merge (Patchbay): %s", warning)
     return path, report
@@ -297,7 +297,8 @@ def extract(recipe: object, filename: str, if_exists: str, **fields: Any) -> tup
     from ..merge.extract import extract_lora
 
     path = merge_files.lora_file(filename, if_exists)
-    report = extract_lora(recipe, path, extract_options(overwrite=if_exists == "overwrite", **fields))
+    options = ExtractOptions(overwrite=if_exists == "overwrite", **fields)
+    report = extract_lora(recipe, path, options, node_runtime())
     return _listed_lora(path), report
 
 
@@ -309,10 +310,8 @@ def merge_lora_stack(text: str, stack: Any, filename: str, if_exists: str, **fie
 
     entries = [*_text_entries(text), *_stack_entries(stack)]
     path = merge_files.lora_file(filename, if_exists)
-    options = lora_stack.StackOptions(overwrite=if_exists == "overwrite", on_progress=_progress(),
-                                      check=comfy.model_management.throw_exception_if_processing_interrupted,
-                                      **fields)
-    return _listed_lora(path), lora_stack.merge_lora_stack(entries, path, options)
+    options = lora_stack.StackOptions(overwrite=if_exists == "overwrite", **fields)
+    return _listed_lora(path), lora_stack.merge_lora_stack(entries, path, options, node_runtime())
 
 
 def _text_entries(text: str) -> list[Any]:
@@ -368,9 +367,9 @@ def recipe_hook(recipe: object, base: object | None, strength_model: float, *, k
     from ..hooks.recipe_hook import recipe_hook as make_hook
     from ..merge.delta import RecipeDeltas, delta_recipe
 
-    options = merge_options(dtype="fp32", seed=seed, cache_mb=cache_mb,
-                            architecture_policy=architecture_policy)
-    deltas = RecipeDeltas(delta_recipe(recipe, base), options)
+    options, runtime = merge_run(dtype="fp32", seed=seed, cache_mb=cache_mb,
+                                 architecture_policy=architecture_policy)
+    deltas = RecipeDeltas(delta_recipe(recipe, base), options, runtime)
     shapes = {merge_graph.comfy_key(key): shape for key, shape in deltas.shapes.items()
               if key.startswith(UNET)}
     if not shapes:

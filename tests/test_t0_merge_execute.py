@@ -57,6 +57,11 @@ def opts(m, **kwargs):
     return m.execute.MergeOptions(**kwargs)
 
 
+def run(m, cache=None, check=None, **kwargs):
+    """(options, runtime) for ``merge(recipe, out, *run(m, ...))``."""
+    return opts(m, **kwargs), m.execute.MergeRuntime(cache=cache, check=check)
+
+
 def register(m, fn, *inputs):
     """Register a throwaway weight-space method (annotations set here: this module postpones them)."""
     fn.__annotations__ = {**dict.fromkeys(inputs, m.registry.Weight), "return": m.registry.Weight}
@@ -453,7 +458,7 @@ def test_method_caches_survive_across_merges_when_the_caller_keeps_them(m, abc, 
         cache: dict = {}
         for alpha in (0.5, 0.25):
             recipe = m.recipe.call("cached_scale", m.recipe.model(str(abc[0])), alpha=alpha)
-            m.execute.merge(recipe, tmp_path / f"{alpha}.safetensors", opts(m, dtype="fp32", cache=cache))
+            m.execute.merge(recipe, tmp_path / f"{alpha}.safetensors", *run(m, dtype="fp32", cache=cache))
         m.execute.merge(recipe, tmp_path / "fresh.safetensors", opts(m, dtype="fp32"))
     floats = len(SHAPES) - 1
     assert len(computed) == 2 * floats  # once per key with the kept cache, once more without it
@@ -545,7 +550,7 @@ def test_an_error_in_the_second_span_stops_the_merge_and_leaves_no_file(m, abc, 
 
 
 def test_an_interrupt_checked_in_a_span_worker_stops_the_merge(m, abc, tmp_path):
-    """``MergeOptions.check`` (ComfyUI's interrupt) runs in the span workers too."""
+    """``MergeRuntime.check`` (ComfyUI's interrupt) runs in the span workers too."""
     import threading
 
     class Stop(Exception):
@@ -559,6 +564,6 @@ def test_an_interrupt_checked_in_a_span_worker_stops_the_merge(m, abc, tmp_path)
     paths = [make_model(tmp_path / f"{n}.safetensors", seed, shapes) for n, seed in (("a", 1), ("b", 2))]
     recipe = m.recipe.weighted_sum(*(m.recipe.model(str(p)) for p in paths), alpha=0.5)
     with pytest.raises(Stop, match="interrupted"):
-        m.execute.merge(recipe, tmp_path / "out.safetensors", opts(m, chunk_elements=1024, workers=2,
+        m.execute.merge(recipe, tmp_path / "out.safetensors", *run(m, chunk_elements=1024, workers=2,
                                                                   check=check))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors"]

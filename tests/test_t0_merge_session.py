@@ -1,5 +1,5 @@
 """T0: what the ComfyUI merge nodes need from the engine, without ComfyUI: in-memory sources reached
-through ``MergeOptions.resolve``, sessions streamed into any sink or evaluated key by key, the
+through ``MergeRuntime.resolve``, sessions streamed into any sink or evaluated key by key, the
 ``MergeCache`` (results reused across merges only where nothing they depend on changed, within a byte
 budget), and ``check`` / ``on_progress`` (an interrupt leaves no file and a consistent cache)."""
 
@@ -72,6 +72,17 @@ def options(**kwargs):
     return MergeOptions(progress=False, fsync=False, **kwargs)
 
 
+def run(**kwargs):
+    """(options, runtime) for ``merge(recipe, out, *run(...))`` and ``MergeSession(recipe, *run(...))``:
+    ``kwargs`` are MergeRuntime's fields and MergeOptions' (progress bar and fsync off)."""
+    import dataclasses
+
+    from patchbay_merge.execute import MergeRuntime
+
+    runtime = {f.name: kwargs.pop(f.name) for f in dataclasses.fields(MergeRuntime) if f.name in kwargs}
+    return options(**kwargs), MergeRuntime(**runtime)
+
+
 def recipe_of(alpha=0.3, first="mem:a"):
     from patchbay_merge import recipe as R
 
@@ -82,8 +93,8 @@ def test_a_memory_source_merges_exactly_like_the_file_it_holds(files, tmp_path):
     from patchbay_merge.execute import merge
 
     resolver = Counting(files)
-    merge(recipe_of(first="mem:a"), tmp_path / "mem.safetensors", options(resolve=resolver))
-    merge(recipe_of(first="a"), tmp_path / "file.safetensors", options(resolve=resolver))
+    merge(recipe_of(first="mem:a"), tmp_path / "mem.safetensors", *run(resolve=resolver))
+    merge(recipe_of(first="a"), tmp_path / "file.safetensors", *run(resolve=resolver))
     from_memory = load_file(str(tmp_path / "mem.safetensors"))
     from_file = load_file(str(tmp_path / "file.safetensors"))
     assert sorted(from_memory) == sorted(SHAPES)
@@ -100,7 +111,7 @@ def test_a_refusing_resolver_stops_before_any_output(files, tmp_path):
         raise ValueError(f"{path!r} is outside the model folders")
 
     with pytest.raises(ValueError, match="'mem:a' is outside"):
-        merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=refuse))
+        merge(recipe_of(), tmp_path / "out.safetensors", *run(resolve=refuse))
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in files.values())
 
 
@@ -116,7 +127,7 @@ def test_memory_and_file_inputs_of_different_architectures_are_refused(files, tm
 
     with pytest.raises(io.ModelFileError, match="graph flux: is a flux model but b.safetensors is sd15"):
         merge(R.weighted_sum(R.model("b"), R.model("flux")), tmp_path / "out.safetensors",
-              options(resolve=resolve))
+              *run(resolve=resolve))
     assert not (tmp_path / "out.safetensors").exists()
 
 
@@ -132,9 +143,9 @@ def test_a_session_streams_any_subset_of_keys_into_any_sink_and_evaluates_single
     from patchbay_merge.execute import merge
     from patchbay_merge.session import MergeSession
 
-    merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=Counting(files), dtype="fp32"))
+    merge(recipe_of(), tmp_path / "out.safetensors", *run(resolve=Counting(files), dtype="fp32"))
     written = load_file(str(tmp_path / "out.safetensors"))
-    with MergeSession(recipe_of(), options(resolve=Counting(files), dtype="fp32")) as session:
+    with MergeSession(recipe_of(), *run(resolve=Counting(files), dtype="fp32")) as session:
         assert session.arch == "sd15" and sorted(p.key for p in session.plans) == sorted(SHAPES)
         sink = DictSink()
         session.stream(sink, [p for p in session.plans if "middle_block" in p.key or "out." in p.key],
@@ -162,12 +173,12 @@ def test_evaluated_keys_are_checked_as_streamed_ones(files, caplog):
         times.__annotations__ = {"a": registry.Weight, "factor": float, "return": registry.Weight}
         registry.merge_method(times)
         resolve = Counting(files)
-        with MergeSession(R.call("times", R.model("a"), factor=1e6), options(resolve=resolve)) as session, \
+        with MergeSession(R.call("times", R.model("a"), factor=1e6), *run(resolve=resolve)) as session, \
                 caplog.at_level("WARNING", logger="patchbay_merge.checks"):
             session.evaluate(ATTN)
             assert [key for key, *_ in session.report.out_of_range] == [ATTN]
             assert f"{ATTN}: the merged values reach" in caplog.text
-        with MergeSession(R.call("times", R.model("a"), factor=1e300), options(resolve=resolve)) as session, \
+        with MergeSession(R.call("times", R.model("a"), factor=1e300), *run(resolve=resolve)) as session, \
                 pytest.raises(NonFiniteError, match=f"{ATTN}: the merged tensor holds inf or NaN; the re"):
             session.evaluate(ATTN)
 
@@ -178,14 +189,14 @@ def test_a_cached_merge_reads_and_computes_nothing_and_writes_the_same_bytes(fil
 
     cache = MergeCache(budget_mb=64)
     first = Counting(files)
-    report = merge(recipe_of(), tmp_path / "1.safetensors", options(resolve=first, cache=cache))
+    report = merge(recipe_of(), tmp_path / "1.safetensors", *run(resolve=first, cache=cache))
     assert report.cached_keys == 0 and len(first.reads) == len(SHAPES)
     again = Counting(files)
-    report = merge(recipe_of(), tmp_path / "2.safetensors", options(resolve=again, cache=cache))
+    report = merge(recipe_of(), tmp_path / "2.safetensors", *run(resolve=again, cache=cache))
     assert report.cached_keys == len(FLOATS)
     assert again.reads == ["cond_stage_model.transformer.text_model.embeddings.position_ids"]  # not float
     assert (tmp_path / "1.safetensors").read_bytes() == (tmp_path / "2.safetensors").read_bytes()
-    other_dtype = merge(recipe_of(), tmp_path / "3.safetensors", options(resolve=Counting(files), cache=cache,
+    other_dtype = merge(recipe_of(), tmp_path / "3.safetensors", *run(resolve=Counting(files), cache=cache,
                                                                          dtype="fp32"))
     assert other_dtype.cached_keys == 0  # a final result is cached per output dtype
 
@@ -196,14 +207,14 @@ def test_changing_one_block_recomputes_only_that_blocks_keys(files, tmp_path):
 
     cache = MergeCache(budget_mb=64)
     blocks = {"IN00": 0.1, "IN01": 0.2, "default": 0.5}
-    merge(recipe_of(alpha=blocks), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    merge(recipe_of(alpha=blocks), tmp_path / "1.safetensors", *run(resolve=Counting(files), cache=cache))
     resolver = Counting(files)
     report = merge(recipe_of(alpha={**blocks, "IN01": 0.9}), tmp_path / "2.safetensors",
-                   options(resolve=resolver, cache=cache))
+                   *run(resolve=resolver, cache=cache))
     assert set(resolver.reads) == {ATTN, "cond_stage_model.transformer.text_model.embeddings.position_ids"}
     assert report.cached_keys == len(FLOATS) - 1
     fresh = merge(recipe_of(alpha={**blocks, "IN01": 0.9}), tmp_path / "3.safetensors",
-                  options(resolve=Counting(files)))
+                  *run(resolve=Counting(files)))
     assert fresh.cached_keys == 0
     assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
 
@@ -239,7 +250,7 @@ def test_intermediates_and_method_caches_survive_a_change_of_the_outer_parameter
             delta = R.call("slow_delta", R.model("b"), R.model("c"))
             recipe = R.call("cached_norm", R.add_difference(R.model("a"), delta, alpha=inner), alpha=outer)
             merge(recipe, tmp_path / f"{outer}-{inner}.safetensors",
-                  options(resolve=Counting(files), cache=cache))
+                  *run(resolve=Counting(files), cache=cache))
     assert len(calls) == len(FLOATS)  # the intermediate delta: computed in the first merge only
     # the method cache belongs to the call's inputs: kept when only its own alpha changes (the second
     # merge), made again when its input changes (the third)
@@ -251,14 +262,14 @@ def test_a_changed_input_file_is_never_served_from_the_cache(files, tmp_path):
     from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
-    merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    merge(recipe_of(first="a"), tmp_path / "1.safetensors", *run(resolve=Counting(files), cache=cache))
     make_model(files["b"], seed=7)
     stat = files["b"].stat()
     os.utime(files["b"], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     report = merge(recipe_of(first="a"), tmp_path / "2.safetensors",
-                   options(resolve=Counting(files), cache=cache))
+                   *run(resolve=Counting(files), cache=cache))
     assert report.cached_keys == 0
-    fresh = merge(recipe_of(first="a"), tmp_path / "3.safetensors", options(resolve=Counting(files)))
+    fresh = merge(recipe_of(first="a"), tmp_path / "3.safetensors", *run(resolve=Counting(files)))
     assert fresh.cached_keys == 0
     assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
 
@@ -269,7 +280,7 @@ def test_a_file_replaced_with_the_same_size_and_mtime_is_never_served_from_the_c
     from patchbay_merge.execute import merge
 
     cache = MergeCache(budget_mb=64)
-    merge(recipe_of(first="a"), tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache))
+    merge(recipe_of(first="a"), tmp_path / "1.safetensors", *run(resolve=Counting(files), cache=cache))
     before = files["b"].stat()
     make_model(tmp_path / "b2.safetensors", seed=7)
     files["b"].write_bytes((tmp_path / "b2.safetensors").read_bytes())  # in place, same inode
@@ -277,9 +288,9 @@ def test_a_file_replaced_with_the_same_size_and_mtime_is_never_served_from_the_c
     after = files["b"].stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     report = merge(recipe_of(first="a"), tmp_path / "2.safetensors",
-                   options(resolve=Counting(files), cache=cache))
+                   *run(resolve=Counting(files), cache=cache))
     assert report.cached_keys == 0
-    merge(recipe_of(first="a"), tmp_path / "3.safetensors", options(resolve=Counting(files)))
+    merge(recipe_of(first="a"), tmp_path / "3.safetensors", *run(resolve=Counting(files)))
     assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
 
 
@@ -309,15 +320,15 @@ def test_a_new_merge_seed_recomputes_only_what_a_random_method_makes(files, tmp_
 
     cache = MergeCache(budget_mb=64)
     plain = recipe_of(first="a")
-    merge(plain, tmp_path / "1.safetensors", options(resolve=Counting(files), cache=cache, seed=1))
-    report = merge(plain, tmp_path / "2.safetensors", options(resolve=Counting(files), cache=cache, seed=2))
+    merge(plain, tmp_path / "1.safetensors", *run(resolve=Counting(files), cache=cache, seed=1))
+    report = merge(plain, tmp_path / "2.safetensors", *run(resolve=Counting(files), cache=cache, seed=2))
     assert report.cached_keys == len(FLOATS)  # no method of the recipe draws random numbers
     a, b, c = R.model("a"), R.model("b"), R.model("c")
     dropped = R.add_difference(a, R.dropout(R.subtract(b, c), R.subtract(c, a), probability=0.5))
     outputs = {}
     for number, seed in enumerate((1, 1, 2)):
         outputs[number] = tmp_path / f"dropout-{number}.safetensors"
-        report = merge(dropped, outputs[number], options(resolve=Counting(files), cache=cache, seed=seed))
+        report = merge(dropped, outputs[number], *run(resolve=Counting(files), cache=cache, seed=seed))
         assert report.cached_keys == (len(FLOATS) if number == 1 else 0)
     assert outputs[0].read_bytes() == outputs[1].read_bytes() != outputs[2].read_bytes()
 
@@ -342,7 +353,7 @@ def test_only_a_method_declared_random_sees_the_merge_seed(files, tmp_path):
         for name, random in (("plain", False), ("drawn", True)):
             registry.merge_method(recorder(name), name=name, random=random)
         recipe = R.call("drawn", R.call("plain", R.model("a")))
-        merge(recipe, tmp_path / "out.safetensors", options(resolve=Counting(files), seed=5))
+        merge(recipe, tmp_path / "out.safetensors", *run(resolve=Counting(files), seed=5))
     assert seen == {"plain": {0}, "drawn": {5}}  # the cache keys only "drawn" (and what uses it) on it
 
 
@@ -365,9 +376,9 @@ def test_a_cached_intermediate_that_is_an_input_unchanged_stays_right_after_late
         return R.weighted_sum(R.rotate(R.model("a"), R.model("b"), alignment=0.0, alpha=0.0), R.model("b"),
                               alpha=alpha)
 
-    merge(recipe(0.3), tmp_path / "1.safetensors", options(resolve=files.get, cache=cache, dtype="fp32"))
-    merge(recipe(0.6), tmp_path / "2.safetensors", options(resolve=files.get, cache=cache, dtype="fp32"))
-    merge(recipe(0.6), tmp_path / "3.safetensors", options(resolve=files.get, dtype="fp32"))
+    merge(recipe(0.3), tmp_path / "1.safetensors", *run(resolve=files.get, cache=cache, dtype="fp32"))
+    merge(recipe(0.6), tmp_path / "2.safetensors", *run(resolve=files.get, cache=cache, dtype="fp32"))
+    merge(recipe(0.6), tmp_path / "3.safetensors", *run(resolve=files.get, dtype="fp32"))
     assert (tmp_path / "2.safetensors").read_bytes() == (tmp_path / "3.safetensors").read_bytes()
 
 
@@ -443,12 +454,12 @@ def test_check_stops_the_merge_with_no_file_left_and_the_cache_consistent(files,
 
     with pytest.raises(Interrupted):
         merge(recipe_of(), tmp_path / "out.safetensors",
-              options(resolve=Counting(files), cache=cache, check=check))
+              *run(resolve=Counting(files), cache=cache, check=check))
     assert sorted(os.listdir(tmp_path)) == ["a.safetensors", "b.safetensors", "c.safetensors"]
     assert 0 < cache.stats().entries < len(FLOATS)  # the keys finished before the stop
-    report = merge(recipe_of(), tmp_path / "out.safetensors", options(resolve=Counting(files), cache=cache))
+    report = merge(recipe_of(), tmp_path / "out.safetensors", *run(resolve=Counting(files), cache=cache))
     fresh = tmp_path / "fresh.safetensors"
-    merge(recipe_of(), fresh, options(resolve=Counting(files)))
+    merge(recipe_of(), fresh, *run(resolve=Counting(files)))
     assert 0 < report.cached_keys < len(FLOATS)
     assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
 
@@ -469,11 +480,11 @@ def test_a_key_stopped_between_its_slices_is_merged_whole_by_the_next_run(files,
     sliced = {"memory_budget_mb": 0, "chunk_elements": 4096}  # every key in units of 4096 elements
     with pytest.raises(Interrupted):
         merge(recipe_of(first="a"), tmp_path / "out.safetensors",
-              options(resolve=Counting(files), cache=cache, check=check, **sliced))
+              *run(resolve=Counting(files), cache=cache, check=check, **sliced))
     report = merge(recipe_of(first="a"), tmp_path / "out.safetensors",
-                   options(resolve=Counting(files), cache=cache, **sliced))
+                   *run(resolve=Counting(files), cache=cache, **sliced))
     fresh = tmp_path / "fresh.safetensors"
-    merge(recipe_of(first="a"), fresh, options(resolve=Counting(files)))
+    merge(recipe_of(first="a"), fresh, *run(resolve=Counting(files)))
     assert report.skipped == [] and 0 < report.cached_keys < len(FLOATS)
     assert (tmp_path / "out.safetensors").read_bytes() == fresh.read_bytes()
 
@@ -483,7 +494,7 @@ def test_check_runs_inside_long_elementwise_keys_and_progress_reaches_the_total(
 
     checks, progress = [], []
     merge(recipe_of(), tmp_path / "out.safetensors",
-          options(resolve=Counting(files), check=lambda: checks.append(1), chunk_elements=64,
+          *run(resolve=Counting(files), check=lambda: checks.append(1), chunk_elements=64,
                   on_progress=lambda done, total: progress.append((done, total))))
     total = sum(torch.Size(s).numel() * (8 if k.endswith("position_ids") else 2) for k, s in SHAPES.items())
     assert progress[-1] == (total, total)
@@ -504,7 +515,7 @@ def test_a_key_dropped_below_a_call_is_dropped_not_replaced_by_the_difference_be
     recipe = R.add_difference(R.pick_component(R.model("a"), component="diffuser"),
                               R.model("d", space="delta"), alpha=0.5)
     resolve = {"a": files["a"], "d": tmp_path / "d.safetensors"}.__getitem__
-    report = merge(recipe, tmp_path / "out.safetensors", options(resolve=resolve, dtype="fp32"))
+    report = merge(recipe, tmp_path / "out.safetensors", *run(resolve=resolve, dtype="fp32"))
     out = load_file(str(tmp_path / "out.safetensors"))
     assert clip_key not in out and clip_key in report.skipped
     assert torch.equal(out[ATTN], a[ATTN].float() + 0.5)

@@ -92,6 +92,29 @@ def test_cli_merge_flags_default_to_merge_options():
 
     args = cli.build_parser().parse_args(["merge", "r.mecha", "out.safetensors"])
     defaults = MergeOptions()
-    assert {name: getattr(args, name) for name, _ in cli.MERGE_FLAGS} == {
-        name: getattr(defaults, name) for name, _ in cli.MERGE_FLAGS}
-    assert args.overwrite is defaults.overwrite and args.no_progress is not defaults.progress
+    flags = [f.name for f in cli.merge_option_fields()]
+    assert {name: getattr(args, name) for name in flags} == {name: getattr(defaults, name) for name in flags}
+    assert args.overwrite is defaults.overwrite and args.progress is defaults.progress
+
+
+def test_cli_merge_takes_every_merge_option():
+    """The merge command's flags are generated from MergeOptions (issue 32): every field but search_dirs
+    (--models-dir, every subcommand's) is a flag, and set flags reach the options."""
+    import dataclasses
+
+    from patchbay_merge import cli
+    from patchbay_merge.plan import MergeOptions
+
+    every = {f.name for f in dataclasses.fields(MergeOptions)}
+    assert {f.name for f in cli.merge_option_fields()} == every - {"search_dirs"}
+    args = cli.build_parser().parse_args([
+        "merge", "r.mecha", "out.safetensors", "--overwrite", "--no-progress", "--no-fsync", "--prefetch",
+        "5",
+        "--chunk-elements", "1024", "--spill-dir", "spill", "--dtype", "bf16", "--workers", "3",
+        "--nonfinite", "warn", "--models-dir", "models"])
+    options = MergeOptions(**{f.name: getattr(args, f.name) for f in cli.merge_option_fields()},
+                           search_dirs=cli._search_dirs(args))
+    assert (options.overwrite, options.progress, options.fsync, options.prefetch, options.chunk_elements,
+            options.spill_dir, options.dtype, options.workers, options.nonfinite) == (
+        True, False, False, 5, 1024, Path("spill"), "bf16", 3, "warn")
+    assert options.search_dirs[1:] == (Path("models"),)
