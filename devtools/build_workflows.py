@@ -7,7 +7,7 @@
 Why: a workflow file is only as good as the frontend's opinion of it. Writing the UI format by hand
 (widget order, hidden control widgets, slot lists, link tables) invites files that load wrong, so
 each source prompt is loaded into the real frontend (``app.loadApiJson``) in headless Chromium
-against a live ComfyServer, laid out here (left to right by dependency, no overlaps), loaded again
+against a live ComfyServer, laid out (devtools/workflow_layout.py: by dependency, no overlaps), loaded again
 (``app.loadGraphData``) and exported as the frontend exports it (``app.graphToPrompt().workflow``).
 The builder then checks that the frontend would queue exactly the source prompt, and saves it as
 ``workflows/<title>.json`` with a small ``<title>.jpg`` thumbnail for the template browser (the title,
@@ -26,7 +26,6 @@ model's sample); without either the thumbnail is the graph before a run.
 from __future__ import annotations
 
 import argparse
-import copy
 import io
 import json
 import sys
@@ -38,169 +37,20 @@ from typing import Any
 import devpaths
 from comfy_server import ComfyServer
 from frontend import HEADLESS_SETTINGS, Frontend
-from node_footprints import footprint
 from widget_layout import EXTENSION_WIDGETS
 from workflow_api import FRONTEND_ONLY_TYPES
 from workflow_catalog import bundled_path, template
+from workflow_layout import layout
 
 SOURCES_DIR = devpaths.ROOT / "devtools" / "workflow_sources"
-TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT: drawn above a node's pos
-GAP_X, GAP_Y, ORIGIN = 40, 40, (40.0, 60.0)
-SLOT_HEIGHT = 20  # LiteGraph.NODE_SLOT_HEIGHT
-LAYOUT_PASSES = 3
 LAYOUT_ROUNDS = 3  # lay out, load, export again while the frontend changes node sizes
 THUMBNAIL_WIDTH = 640
 CAPTION_SIZE, CAPTION_PAD, CAPTION_COLORS = 28, 14, ((30, 34, 40), (240, 240, 240))
-NOTE_TYPES = frozenset({"Note", "MarkdownNote"})
-NOTE_SIZE = (480, 280)  # a few lines, readable at the zoom that fits the whole graph
-# Darker than the notes' default (#653), on which Nodes 2.0's grey note text has a contrast of 2.8;
-# here 5.4 (T3 asks for 4.5, WCAG AA). The title bar keeps the default #432.
-NOTE_BACKGROUND = "#332922"
-FIT_CANVAS = (1425, 755)  # graph units Fit View fills on 1920x1080 at zoom 1 (measured; it leaves margins)
-COLUMN_CAPS = (None, 1400.0, 1100.0, 800.0, 600.0)
-TEXT_NODE_WIDTH = 400  # the width LiteGraph gives a node with a multiline text box
-TEXT_NODE_SHRINK = (80, 50)  # prompts here are a line or two: a smaller box fits the graph at a larger zoom
 ID_NAMESPACE = uuid.UUID("6f0d3c1e-2a57-4c7e-9a43-5b2f7a1d0c11")
 
 
 class BuildError(RuntimeError):
     """A source cannot become a bundled workflow; the message names the source and the problem."""
-
-
-# -- layout --------------------------------------------------------------------------------------
-
-
-def _link_ends(workflow: dict[str, Any]) -> list[tuple[Any, int, Any, int]]:
-    """(origin id, origin slot, target id, target slot) per link."""
-    return [(link[1], link[2], link[3], link[4]) for link in workflow.get("links") or []]
-
-
-def _columns(node_ids: list[Any], edges: list[tuple[Any, int, Any, int]]) -> dict[Any, int]:
-    """Longest-path layering; then sources move right, next to their nearest consumer."""
-    origins = {nid: [o for o, _, t, _ in edges if t == nid] for nid in node_ids}
-    column: dict[Any, int] = {}
-
-    def depth(nid: Any, seen: frozenset = frozenset()) -> int:
-        if nid not in column:
-            if nid in seen:
-                raise BuildError(f"the graph has a cycle through node {nid}")
-            column[nid] = 1 + max((depth(o, seen | {nid}) for o in origins[nid]), default=-1)
-        return column[nid]
-
-    for nid in node_ids:
-        depth(nid)
-    for nid in node_ids:
-        consumers = [column[t] for o, _, t, _ in edges if o == nid]
-        if not origins[nid] and consumers:
-            column[nid] = min(consumers) - 1
-    return column
-
-
-def layout(workflow: dict[str, Any]) -> dict[str, Any]:
-    """Place nodes in dependency columns, each near the mean height of its neighbours, none overlapping,
-    choosing among a few arrangements the one the frontend's Fit View shows largest on a 1080p screen.
-
-    Within a column nodes keep their id order (the order the source lists them in). The first pass
-    places each node by its inputs; later passes weigh its consumers (as the pass before placed
-    them) too, so loaders and empty latents sit beside what they feed. Notes (NOTE_SIZE) go either in
-    a row across the top or first in the leftmost column; a column taller than a cap may be split into
-    side-by-side sub-columns (nodes of one column never link to each other, so links still run left to
-    right). The candidates are scored by FIT_CANVAS; ties keep the earlier, simpler one. Nodes are
-    spaced by their footprint (devtools/node_footprints.py): the room they take in either node design
-    of the newest frontend, and after a run where they show a picture.
-    """
-    best: tuple[float, dict[str, Any]] | None = None
-    for notes_on_top in (True, False):
-        for cap in COLUMN_CAPS:
-            candidate = copy.deepcopy(workflow)
-            _arrange(candidate, notes_on_top, cap)
-            score = fit_score(candidate)
-            if best is None or score > best[0] + 1e-9:
-                best = (score, candidate)
-    workflow["nodes"] = best[1]["nodes"]
-    return workflow
-
-
-def fit_score(workflow: dict[str, Any]) -> float:
-    """The zoom at which the graph's bounding box before a run (footprints, title bars included) fits
-    FIT_CANVAS: what Fit View shows when the workflow is opened."""
-    boxes = [(x, y - TITLE_HEIGHT, x + w, y - TITLE_HEIGHT + h) for (x, y), (w, h) in
-             ((node["pos"], footprint(node, after_run=False)) for node in workflow["nodes"])]
-    if not boxes:
-        return 1.0
-    width = max(b[2] for b in boxes) - min(b[0] for b in boxes)
-    height = max(b[3] for b in boxes) - min(b[1] for b in boxes)
-    return min(FIT_CANVAS[0] / width, FIT_CANVAS[1] / height)
-
-
-def _arrange(workflow: dict[str, Any], notes_on_top: bool, cap: float | None) -> None:
-    notes = sorted((node for node in workflow["nodes"] if node["type"] in NOTE_TYPES), key=lambda n: n["id"])
-    for note in notes:
-        note["size"] = list(NOTE_SIZE)
-        note["bgcolor"] = NOTE_BACKGROUND
-    for node in workflow["nodes"]:
-        if node["type"] not in NOTE_TYPES and node["size"][0] == TEXT_NODE_WIDTH:
-            node["size"] = [node["size"][0] - TEXT_NODE_SHRINK[0], node["size"][1] - TEXT_NODE_SHRINK[1]]
-    top = ORIGIN[1]
-    if notes_on_top:
-        x = ORIGIN[0]
-        for note in notes:
-            note["pos"] = [round(x), round(ORIGIN[1])]
-            x += NOTE_SIZE[0] + GAP_X
-        top += NOTE_SIZE[1] + TITLE_HEIGHT + GAP_Y if notes else 0
-    placed = [node for node in workflow["nodes"] if not (notes_on_top and node["type"] in NOTE_TYPES)]
-    nodes = {node["id"]: node for node in placed}
-    edges = _link_ends(workflow)
-    column = _columns(sorted(nodes), edges)
-    first = min(column.values(), default=0)
-    for note in notes if not notes_on_top else ():
-        column[note["id"]] = first
-    heights = {nid: footprint(node)[1] for nid, node in nodes.items()}  # either design, after a run too
-    columns = []
-    for col in range(first, max(column.values(), default=-1) + 1):
-        columns += _split([nid for nid in sorted(nodes) if column[nid] == col], heights, cap)
-    ys: dict[Any, float] = {}
-    for _ in range(LAYOUT_PASSES):
-        previous, ys = ys, {}
-        for members in columns:
-            _place_column(members, heights, edges, ys, previous, top)
-    lift = min(ys.values(), default=0.0) - (top + TITLE_HEIGHT)  # passes drift down: start at the top
-    x = ORIGIN[0]
-    for members in columns:
-        for nid in members:
-            nodes[nid]["pos"] = [round(x), round(ys[nid] - lift)]
-        x += max(footprint(nodes[nid])[0] for nid in members) + GAP_X
-
-
-def _split(members: list[Any], heights: dict[Any, float], cap: float | None) -> list[list[Any]]:
-    """One column as sub-columns of at most ``cap`` stacked height each (in id order)."""
-    if cap is None:
-        return [members]
-    out: list[list[Any]] = [[]]
-    used = 0.0
-    for nid in members:
-        if out[-1] and used + heights[nid] > cap:
-            out.append([])
-            used = 0.0
-        out[-1].append(nid)
-        used += heights[nid] + GAP_Y
-    return out
-
-
-def _place_column(members: list[Any], heights: dict[Any, float], edges: list[tuple[Any, int, Any, int]],
-                  ys: dict[Any, float], previous: dict[Any, float], top: float) -> None:
-    """Stack one column top-down in node id order (the source's reading order), each node as near its
-    wanted height as the node above allows."""
-    def wanted(nid: Any) -> float:
-        near = [ys[o] + SLOT_HEIGHT * os for o, os, t, _ in edges if t == nid and o in ys]
-        near += [previous[t] + SLOT_HEIGHT * ts for o, _, t, ts in edges if o == nid and t in previous]
-        return sum(near) / len(near) if near else float("inf")
-
-    cursor = top + TITLE_HEIGHT
-    for nid in sorted(members):
-        want = wanted(nid)
-        ys[nid] = cursor if want == float("inf") else max(want, cursor)
-        cursor = ys[nid] + heights[nid] + GAP_Y
 
 
 # -- normalisation -------------------------------------------------------------------------------
@@ -297,7 +147,10 @@ def build_one(frontend: Frontend, name: str, source: dict[str, Any]) -> dict[str
     result = frontend.graph_to_prompt()
     for _ in range(LAYOUT_ROUNDS):  # a node loaded from a draft may take another size than in it
         _fit_titles(result["workflow"], frontend.title_widths())
-        draft = normalize(layout(result["workflow"]), name)
+        try:
+            draft = normalize(layout(result["workflow"]), name)
+        except ValueError as err:  # a cycle
+            raise BuildError(f"{name}: {err}") from None
         frontend.load_workflow(draft, name)
         errors = frontend.error_messages()
         if errors:
