@@ -227,8 +227,9 @@ def _compute_slice(pipe: _Pipeline, evaluator: Evaluator, graph: CompiledRecipe,
     out = out_buffer[: numel * plan.dtype.itemsize].view(plan.dtype)
     ctx = KeyContext(key=plan.key, seed=options.seed, device=options.device, arch=report.arch)
     size = evaluator.evaluate_chunked(graph.root, raw, ctx, out[unit.start:unit.end], options.chunk_elements)
-    pipe.slices_size = larger(pipe.slices_size, size) if unit.start else size
-    return (out.view(plan.shape), pipe.slices_size) if unit.end == numel else (None, None)
+    key = pipe.assembling
+    key.size = larger(key.size, size) if unit.start else size
+    return (out.view(plan.shape), key.size) if unit.end == numel else (None, None)
 
 
 def compute_key(evaluator: Evaluator, graph: CompiledRecipe, plan: KeyPlan, raw: list,
@@ -280,6 +281,16 @@ def _progress(options: MergeOptions, total: int, path: Path) -> tqdm:
                 disable=not options.progress)
 
 
+@dataclass
+class _Assembling:
+    """The key the calling thread is evaluating: its output buffer (taken from the pool, handed to the
+    writer with the finished key) and, for a key evaluated slice by slice, the largest magnitude of its
+    slices so far (merge/checks.py)."""
+
+    buffer: torch.Tensor
+    size: float = 0.0
+
+
 class _Pipeline:
     """The reader and writer threads with their buffer pools; errors surface in the calling thread."""
 
@@ -299,8 +310,7 @@ class _Pipeline:
         self.reader = threading.Thread(target=self._read_all, name="patchbay-merge-reader", daemon=True)
         self.writer_thread = threading.Thread(target=self._write_all, name="patchbay-merge-writer",
                                               daemon=True)
-        self._pending_out: torch.Tensor | None = None
-        self.slices_size = 0.0  # the largest magnitude of the sliced key being evaluated, so far
+        self.assembling: _Assembling | None = None
         self.main = threading.current_thread()
         # the threads work in the caller's inference mode (ComfyUI runs nodes under torch.inference_mode:
         # a model built there has inference tensors, which only code in inference mode may write)
@@ -355,16 +365,17 @@ class _Pipeline:
         self.free_slots.put(raw if raw is not None else [])
 
     def take_out_buffer(self) -> torch.Tensor:
-        if self._pending_out is None:
-            self._pending_out = self._get(self.free_out)
-        return self._pending_out
+        """The output buffer of the key being evaluated (the same one for each of its slices)."""
+        if self.assembling is None:
+            self.assembling = _Assembling(self._get(self.free_out))
+        return self.assembling.buffer
 
     def write(self, key: str, tensor: torch.Tensor, cached: bool = False,
               before: Callable[[torch.Tensor], None] | None = None) -> None:
         """Hand ``tensor`` to the writer thread, which runs ``before(tensor)`` first (the checks)."""
         buffer = None
-        if not cached:
-            buffer, self._pending_out = self._pending_out, None
+        if not cached and self.assembling is not None:
+            buffer, self.assembling = self.assembling.buffer, None
         self.to_write.put((key, tensor.contiguous(), buffer, before))
 
     def _write_all(self) -> None:
