@@ -13,12 +13,13 @@ import comfy.model_management
 import comfy.samplers
 import comfy.utils
 import torch
+from comfy_api.latest import io
 
 from ..merge import grid
 from ..patcher import drawing
-from . import merge_runtime
+from . import merge_runtime, v3
 from .merge_inputs import LATER, pattern_map
-from .merge_outputs import COMMON_INPUTS, POLICY_INPUTS, RECIPE, option_fields
+from .merge_outputs import common_inputs, option_fields, policy_input
 from .merge_recipes import recipe_to_text
 
 LABEL_PX = 20  # height of the label band above each cell
@@ -57,58 +58,61 @@ def snake_order(count: int, columns: int) -> list[int]:
     return [i for r, row in enumerate(rows) for i in (row[::-1] if r % 2 else row)]
 
 
-class PatchbayMergeGrid:
+class PatchbayMergeGrid(v3.Node):
     NODE_ID = "PatchbayMergeGrid"
     DISPLAY_NAME = "Merge Grid (Patchbay)"
-    DESCRIPTION = ("Merges a recipe once per value of one or two parameters (alpha 0.2, 0.5, 0.8 x three "
-                   "block maps), samples each with the same seed and returns one labelled grid image and "
-                   "each variant's recipe. The merge cache recomputes only the keys a value changes.")
-    FUNCTION = "run"
-    CATEGORY = "Patchbay/merge"
-    RETURN_TYPES = ("IMAGE", "STRING")
-    RETURN_NAMES = ("grid", "recipes")
-    OUTPUT_TOOLTIPS = ("The variants row by row (y down, x across), each under its labels.",
-                       "Each variant's recipe as .mecha text, after a '# x=..., y=...' line.")
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
+    def define_schema(cls) -> io.Schema:
         axis = ("A free parameter of the recipe (&alpha in recipe text), method.parameter "
                 "(weighted_sum.alpha) or a parameter of one method (alpha)")
         values = ("Numbers (0.2, 0.5, 0.8), or one parameter map per line (IN*=0.2, OUT*=0.8, default=0.5 "
                   "or a JSON object), as the Key Patterns node reads them")
-        return {"required": {
-            "recipe": (RECIPE, {"tooltip": "The recipe to vary (a method node, recipe text)."}),
-            "x_param": ("STRING", {"default": "alpha", "tooltip": axis + " across the grid."}),
-            "x_values": ("STRING", {"multiline": True, "default": "0.2, 0.5, 0.8", "tooltip": values}),
-            "y_param": ("STRING", {"default": "", "tooltip": axis + " down the grid; empty: one row."}),
-            "y_values": ("STRING", {"multiline": True, "default": "", "tooltip": values}),
-            "positive": ("STRING", {"multiline": True, "default": "a photo of a cat",
-                                    "tooltip": "Prompt, encoded by each variant's merged text encoder (or "
-                                               "the clip input when the recipe merges none)."}),
-            "negative": ("STRING", {"multiline": True, "default": "blurry", "tooltip": "Negative prompt."}),
-            "latent_image": ("LATENT", {"tooltip": "The latent every variant samples from."}),
-            "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF,
-                             "tooltip": "Sampling seed, the same for every variant."}),
-            "steps": ("INT", {"default": 20, "min": 1, "max": 10000, "tooltip": "Sampling steps."}),
-            "cfg": ("FLOAT", {"default": 7.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
-                              "tooltip": "Classifier-free guidance scale (as KSampler)."}),
-            "sampler_name": (comfy.samplers.KSampler.SAMPLERS, {"tooltip": "Sampler (as KSampler)."}),
-            "scheduler": (comfy.samplers.KSampler.SCHEDULERS, {"tooltip": "Noise schedule (as KSampler)."}),
-            **COMMON_INPUTS,
-        }, "optional": {
-            "clip": ("CLIP", {"tooltip": "Text encoder for recipes that merge none (diffusion model only)."}),
-            "vae": ("VAE", {"tooltip": "VAE for recipes that merge none."}),
-            "allow_large_grid": ("BOOLEAN", {"default": False,
-                                             "tooltip": "Allow more than 64 variants (each is a merge and a "
-                                                        "sampling run)."}),
-            **POLICY_INPUTS,
-        }}
+        return v3.schema(
+            cls, category="Patchbay/merge",
+            description=("Merges a recipe once per value of one or two parameters (alpha 0.2, 0.5, 0.8 x "
+                         "three block maps), samples each with the same seed and returns one labelled grid "
+                         "image and each variant's recipe. The merge cache recomputes only the keys a value "
+                         "changes."),
+            inputs=[
+                v3.RECIPE.Input("recipe", tooltip="The recipe to vary (a method node, recipe text)."),
+                io.String.Input("x_param", default="alpha", tooltip=axis + " across the grid."),
+                io.String.Input("x_values", multiline=True, default="0.2, 0.5, 0.8", tooltip=values),
+                io.String.Input("y_param", default="", tooltip=axis + " down the grid; empty: one row."),
+                io.String.Input("y_values", multiline=True, default="", tooltip=values),
+                io.String.Input("positive", multiline=True, default="a photo of a cat",
+                                tooltip="Prompt, encoded by each variant's merged text encoder (or the clip "
+                                        "input when the recipe merges none)."),
+                io.String.Input("negative", multiline=True, default="blurry", tooltip="Negative prompt."),
+                io.Latent.Input("latent_image", tooltip="The latent every variant samples from."),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF,
+                             tooltip="Sampling seed, the same for every variant."),
+                io.Int.Input("steps", default=20, min=1, max=10000, tooltip="Sampling steps."),
+                io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                               tooltip="Classifier-free guidance scale (as KSampler)."),
+                io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS,
+                               tooltip="Sampler (as KSampler)."),
+                io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS,
+                               tooltip="Noise schedule (as KSampler)."),
+                *common_inputs(),
+                io.Clip.Input("clip", optional=True,
+                              tooltip="Text encoder for recipes that merge none (diffusion model only)."),
+                io.Vae.Input("vae", optional=True, tooltip="VAE for recipes that merge none."),
+                io.Boolean.Input("allow_large_grid", optional=True, default=False,
+                                 tooltip="Allow more than 64 variants (each is a merge and a sampling run)."),
+                policy_input(),
+            ],
+            outputs=[v3.output(io.Image, "grid", "The variants row by row (y down, x across), each under its "
+                                                 "labels."),
+                     v3.output(io.String, "recipes",
+                               "Each variant's recipe as .mecha text, after a '# x=..., y=...' line.")])
 
-    def run(self, recipe: Any, x_param: str, x_values: str, y_param: str, y_values: str, positive: str,
+    @classmethod
+    def execute(cls, recipe: Any, x_param: str, x_values: str, y_param: str, y_values: str, positive: str,
             negative: str, latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
             scheduler: str, merge_seed: int = 0, cache_mb: int = merge_runtime.DEFAULT_CACHE_MB,
             shape_policy: str = "overlap", missing_policy: str = "first", clip: Any = None, vae: Any = None,
-            allow_large_grid: bool = False, architecture_policy: str = "refuse") -> dict:
+            allow_large_grid: bool = False, architecture_policy: str = "refuse") -> io.NodeOutput:
         """The grid (see the module docstring); the node's text lists each variant's merge line (keys
         merged, keys from the merge cache)."""
         x = (x_param, parse_values(x_values, "x"))
@@ -129,7 +133,7 @@ class PatchbayMergeGrid:
                 labels, variant = cells[index]
                 comfy.model_management.throw_exception_if_processing_interrupted()
                 cell_fields = fields if keep is None else {**fields, "cache_keep": keep[number]}
-                images[index], merged, whole = self._sample(
+                images[index], merged, whole = cls._sample(
                     variant, cell_fields, slot, clip, vae, encoded, positive, negative, latent_image, seed,
                     steps, cfg, sampler_name, scheduler)
                 last_read = keep[number - 1] - keep[number] if keep and number else ()  # no later reader
@@ -142,7 +146,9 @@ class PatchbayMergeGrid:
             gc.collect()
             comfy.model_management.cleanup_models()
         grid_image = drawing.labelled_grid(images, [labels for labels, _ in cells], len(x[1]), LABEL_PX)
-        return {"ui": {"text": lines}, "result": (grid_image, "\n\n".join(texts))}
+        return io.NodeOutput(grid_image, "\n\n".join(texts), ui={"text": lines})
+
+    run = v3.v1_entry()
 
     @staticmethod
     def _sample(variant: Any, fields: dict, slot: list, clip: Any, vae: Any, encoded: dict, positive: str,

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from comfy_api.latest import io
+
 from ..merge import mecha_text
 from ..merge import recipe as R
 from ..merge.executable import models_arch
-from . import merge_files, merge_graph, merge_runtime
+from . import merge_files, merge_graph, merge_runtime, v3
 
 RECIPE = "PATCHBAY_RECIPE"
 TEXTBOX = "(textbox)"
@@ -73,39 +75,36 @@ def recipe_to_text(recipe: R.Node, compact: bool = False) -> str:
     return "\n".join([text.split("\n", 1)[0], *notes, *text.split("\n")[1:]]) if notes else text
 
 
-class PatchbayMergeRecipeText:
+class PatchbayMergeRecipeText(v3.Node):
     NODE_ID = "PatchbayMergeRecipeText"
     DISPLAY_NAME = "Merge Recipe from Text (Patchbay)"
-    DESCRIPTION = ("An sd-mecha .mecha recipe (typed, pasted, or a file of models/recipes) as a recipe: "
-                   "model paths name ComfyUI folders (checkpoints/a.safetensors); open inputs and parameters "
-                   "are bound here.")
-    FUNCTION = "make"
-    CATEGORY = "Patchbay/merge/recipes"
-    RETURN_TYPES = (RECIPE,)
-    RETURN_NAMES = ("recipe",)
-    OUTPUT_TOOLTIPS = ("The recipe, for Merge, Save Merge, Extract LoRA or a method node's input.",)
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        slots = {f"input_{i}": (RECIPE, {"tooltip": f"Bound to the recipe's open input number {i} (open "
-                                                    f"inputs, 'input \"name\"' lines, in name order)."})
-                 for i in range(1, INPUT_SLOTS + 1)}
-        return {
-            "required": {
-                "text": ("STRING", {"multiline": True, "default": EXAMPLE,
-                                    "tooltip": ".mecha text (version 0.1.0); used when recipe_file is "
-                                               f"{TEXTBOX}."}),
-                "recipe_file": ([TEXTBOX, *merge_files.recipe_names()],
-                                {"tooltip": "A .mecha file of the recipes folder (models/recipes), or the "
-                                            "textbox."}),
-                "params": ("STRING", {"multiline": True, "default": "",
-                                      "tooltip": "name=value per line for the recipe's open parameters."}),
-            },
-            "optional": slots,
-        }
+    def define_schema(cls) -> io.Schema:
+        slots = [v3.RECIPE.Input(f"input_{i}", optional=True,
+                                 tooltip=f"Bound to the recipe's open input number {i} (open inputs, 'input "
+                                         f"\"name\"' lines, in name order).")
+                 for i in range(1, INPUT_SLOTS + 1)]
+        return v3.schema(
+            cls, category="Patchbay/merge/recipes",
+            description=("An sd-mecha .mecha recipe (typed, pasted, or a file of models/recipes) as a "
+                         "recipe: model paths name ComfyUI folders (checkpoints/a.safetensors); open inputs "
+                         "and parameters are bound here."),
+            inputs=[
+                io.String.Input("text", multiline=True, default=EXAMPLE,
+                                tooltip=f".mecha text (version 0.1.0); used when recipe_file is {TEXTBOX}."),
+                io.Combo.Input("recipe_file", options=[TEXTBOX, *merge_files.recipe_names()],
+                               tooltip="A .mecha file of the recipes folder (models/recipes), or the "
+                                       "textbox."),
+                io.String.Input("params", multiline=True, default="",
+                                tooltip="name=value per line for the recipe's open parameters."),
+                *slots,
+            ],
+            outputs=[v3.output(v3.RECIPE, "recipe",
+                               "The recipe, for Merge, Save Merge, Extract LoRA or a method node's input.")])
 
     @classmethod
-    def VALIDATE_INPUTS(cls, text: str | None = None, recipe_file: str | None = None) -> bool | str:
+    def validate_inputs(cls, text: str | None = None, recipe_file: str | None = None) -> bool | str:
         if text is not None and recipe_file in (None, TEXTBOX):
             try:
                 mecha_text.parse(text.rstrip("\n"))
@@ -113,35 +112,41 @@ class PatchbayMergeRecipeText:
                 return f"recipe text: {error}"
         return True
 
-    def make(self, text: str, recipe_file: str = TEXTBOX, params: str = "", **inputs: Any) -> tuple:
-        source = text if recipe_file == TEXTBOX else merge_files.recipe_text(recipe_file)
-        slots = [inputs.get(f"input_{i}") for i in range(1, INPUT_SLOTS + 1)]
-        return (recipe_from_text(source, slots, params),)
-
-
-class PatchbayMergeRecipeToText:
-    NODE_ID = "PatchbayMergeRecipeToText"
-    DISPLAY_NAME = "Merge Recipe to Text (Patchbay)"
-    DESCRIPTION = ("A graph's recipe as .mecha text, shown in the node: copy it to a file and run "
-                   "patchbay-merge merge recipe.mecha out.safetensors --models-dir ComfyUI/models.")
-    FUNCTION = "show"
-    CATEGORY = "Patchbay/merge/recipes"
-    OUTPUT_NODE = True
-    RETURN_TYPES = ("STRING",)
-    RETURN_NAMES = ("text",)
-    OUTPUT_TOOLTIPS = ("The recipe as .mecha text.",)
+    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {"required": {
-            "recipe": (RECIPE, {"tooltip": "Any recipe."}),
-            "form": (["sd-mecha", "compact"], {"tooltip": "sd-mecha: the form sd-mecha 1.1.8 reads too; "
-                                                         "compact: the shortest text (Patchbay reads it)."}),
-        }}
+    def execute(cls, text: str, recipe_file: str = TEXTBOX, params: str = "", **inputs: Any) -> io.NodeOutput:
+        source = text if recipe_file == TEXTBOX else merge_files.recipe_text(recipe_file)
+        slots = [inputs.get(f"input_{i}") for i in range(1, INPUT_SLOTS + 1)]
+        return io.NodeOutput(recipe_from_text(source, slots, params))
 
-    def show(self, recipe: R.Node, form: str = "sd-mecha") -> dict:
+    make = v3.v1_entry()
+
+
+class PatchbayMergeRecipeToText(v3.Node):
+    NODE_ID = "PatchbayMergeRecipeToText"
+    DISPLAY_NAME = "Merge Recipe to Text (Patchbay)"
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return v3.schema(
+            cls, category="Patchbay/merge/recipes", is_output_node=True,
+            description=("A graph's recipe as .mecha text, shown in the node: copy it to a file and run "
+                         "patchbay-merge merge recipe.mecha out.safetensors --models-dir ComfyUI/models."),
+            inputs=[
+                v3.RECIPE.Input("recipe", tooltip="Any recipe."),
+                io.Combo.Input("form", options=["sd-mecha", "compact"],
+                               tooltip="sd-mecha: the form sd-mecha 1.1.8 reads too; compact: the shortest "
+                                       "text (Patchbay reads it)."),
+            ],
+            outputs=[v3.output(io.String, "text", "The recipe as .mecha text.")])
+
+    @classmethod
+    def execute(cls, recipe: R.Node, form: str = "sd-mecha") -> io.NodeOutput:
         text = recipe_to_text(recipe, compact=form == "compact")
-        return {"ui": {"text": [text]}, "result": (text,)}
+        return io.NodeOutput(text, ui={"text": [text]})
+
+    show = v3.v1_entry()
 
 
 NODES = [PatchbayMergeRecipeText, PatchbayMergeRecipeToText]

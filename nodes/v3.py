@@ -11,7 +11,9 @@ What this module adds to ``io``:
   and adding the words of nodes/search_terms.py as ``search_aliases`` where ComfyUI's Schema has them
   (0.33; 0.3.75's has no such field, and its server sends no aliases for any node).
 - ``output``: an output named as V1's ``RETURN_NAMES`` named it.
-- ``FLOATS``, ``LORA_STACK``: the socket types that are not core's.
+- ``FLOATS``, ``LORA_STACK``, ``COUPLE_REGIONS``, ``RECIPE``: the socket types that are not core's.
+- ``v1_entry``, ``v1_result``: V1's ``FUNCTION`` name kept as a Python entry point (scripts and tests
+  call ``Node().build(...)``), returning what V1 returned; ComfyUI itself calls ``execute``.
 
 V3 has no per-node instance state: ``execute`` runs on a locked copy of the class, and the node object
 ComfyUI keeps per node id never reaches it. Nodes that keep their last LoRA files between runs (as
@@ -26,10 +28,13 @@ from comfy_api.latest import io
 
 from . import search_terms
 
-__all__ = ["FLOATS", "LORA_STACK", "SEARCH_ALIASES", "Node", "output", "schema"]
+__all__ = ["COUPLE_REGIONS", "FLOATS", "LORA_STACK", "RECIPE", "SEARCH_ALIASES", "Node", "output", "schema",
+           "v1_entry", "v1_result"]
 
 FLOATS = io.Custom("FLOATS")
 LORA_STACK = io.Custom("LORA_STACK")
+COUPLE_REGIONS = io.Custom("COUPLE_REGIONS")  # nodes/couple_region.py: a chain of attention couple regions
+RECIPE = io.Custom("PATCHBAY_RECIPE")  # a merge recipe (merge/recipe.py), nodes/merge_*.py
 SEARCH_ALIASES = "search_aliases" in {field.name for field in dataclasses.fields(io.Schema)}
 
 
@@ -57,3 +62,18 @@ def output(kind: type[io.ComfyTypeIO], name: str, tooltip: str) -> io.Output:
     """An output shown as ``name`` (V1's RETURN_NAMES); its id is left to ComfyUI, since 0.3.75 refuses
     an output id equal to an input id (a node taking and returning ``model``)."""
     return kind.Output(display_name=name, tooltip=tooltip)
+
+
+def v1_result(output: io.NodeOutput) -> tuple | dict:
+    """``output`` as a V1 node function returned it: the outputs as a tuple, or ``{"ui": ..., "result":
+    ...}`` where the node shows something."""
+    return tuple(output.args) if output.ui is None else {"ui": output.ui, "result": tuple(output.args)}
+
+
+def v1_entry() -> classmethod:
+    """V1's node function (``build``, ``make``, ``save`` ...) as a classmethod that runs ``execute`` and
+    returns ``v1_result``. For Python callers only (scripts, tests, other packs); ComfyUI calls
+    ``execute``."""
+    def entry(cls: type[Node], *args, **kwargs) -> tuple | dict:
+        return v1_result(cls.execute(*args, **kwargs))
+    return classmethod(entry)

@@ -112,7 +112,8 @@ def test_the_merge_nodes_take_the_architecture_policy(comfy, tmp_path, monkeypat
         for node_id in ("PatchbayMerge", "PatchbayMergeSave", "PatchbayMergeExtractLora",
                         "PatchbayRecipeHook"):
             kind, options = node(node_id).INPUT_TYPES()["optional"]["architecture_policy"]
-            assert kind == ["refuse", "allow"] and options["default"] == "refuse", node_id
+            assert kind == "COMBO" and options["options"] == ["refuse", "allow"], node_id  # a V3 combo
+            assert options["default"] == "refuse", node_id
         with pytest.raises(ValueError, match=refused):
             node("PatchbayMerge").merge(R.weighted_sum(a, b, alpha=0.5))
         save, out = node("PatchbayMergeSave"), Path(paths.get_output_directory()) / "checkpoints"
