@@ -23,6 +23,7 @@ from .couple_regions import (
     RegionTokenWeights,
     Segments,
     couple_weights,
+    region_mask,
 )
 from .enable import enable_hook_engine
 from .engine import RUN_KEY, TOKEN_WEIGHTS_KEY
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
 
 __all__ = ["MAX_REGIONS", "CoupleError", "CoupleRegion", "CoupleWeights", "RegionTokenWeights", "Segments",
-           "attention_couple", "couple_weights"]
+           "attention_couple", "couple_weights", "region_mask"]
 
 _TEXT_MODULES = ("attn2.to_k", "attn2.to_v")  # linears on the prompt's tokens, not the image's
 _BLOCKS = ("input", "middle", "output")

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from .lowrank import TokenSubset
 from .regions import feather
 
-__all__ = ["MAX_REGIONS", "CoupleError", "CoupleWeights", "RegionTokenWeights", "Segments", "couple_weights"]
+__all__ = ["MAX_REGIONS", "CoupleError", "CoupleWeights", "RegionTokenWeights", "Segments", "couple_weights",
+           "region_mask"]
 
 MAX_REGIONS = 8
 
@@ -35,15 +36,7 @@ def couple_weights(masks: Sequence[torch.Tensor], feather_px: int = 0) -> torch.
     if len(masks) > MAX_REGIONS:
         raise CoupleError(f"{len(masks)} regions, at most {MAX_REGIONS}: merge regions that share a "
                           f"prompt into one mask.")
-    sized = []
-    for i, mask in enumerate(masks, 1):
-        m = mask.unsqueeze(0) if mask.ndim == 2 else mask
-        if m.ndim != 3 or m.shape[0] != 1:
-            raise CoupleError(f"region {i}'s mask has shape {tuple(mask.shape)}; a region takes one mask "
-                              f"[H, W] or [1, H, W]: pick one mask of the batch.")
-        if float(m.max()) <= 0:
-            raise CoupleError(f"region {i}'s mask is empty (all 0): draw the region, or disconnect it.")
-        sized.append(feather(m.float(), feather_px)[0])
+    sized = [feather(region_mask(mask, i).float(), feather_px)[0] for i, mask in enumerate(masks, 1)]
     shapes = sorted({tuple(m.shape) for m in sized})
     if len(shapes) > 1:
         raise CoupleError(f"region masks differ in size {shapes}; make them one size (the image's or "
@@ -52,6 +45,17 @@ def couple_weights(masks: Sequence[torch.Tensor], feather_px: int = 0) -> torch.
     total = stacked.sum(0)
     regions = stacked / total.clamp(min=1.0)
     return torch.cat([(1.0 - total.clamp(max=1.0)).unsqueeze(0), regions])
+
+
+def region_mask(mask: torch.Tensor, number: int) -> torch.Tensor:
+    """Region ``number``'s MASK as [1, H, W]; refuses a batch of masks and an empty mask."""
+    m = mask.unsqueeze(0) if mask.ndim == 2 else mask
+    if m.ndim != 3 or m.shape[0] != 1:
+        raise CoupleError(f"region {number}'s mask has shape {tuple(mask.shape)}; a region takes one mask "
+                          f"[H, W] or [1, H, W]: pick one mask of the batch.")
+    if float(m.max()) <= 0:
+        raise CoupleError(f"region {number}'s mask is empty (all 0): draw the region, or disconnect it.")
+    return m
 
 
 class CoupleWeights:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import (
     attention_couple,
+    couple_region,
     floats,
     hook_blocks,
     hook_keyframes,
@@ -27,8 +28,8 @@ from . import (
 )
 
 _MODULES = (floats, hooks, hook_lora, lora_stacker, hook_blocks, hook_keyframes, hook_regional,
-            attention_couple, hook_preview, patcher, merge_inputs, merge_methods, merge_recipes,
-            merge_outputs, merge_grid, merge_hook)
+            couple_region, attention_couple, hook_preview, patcher, merge_inputs, merge_methods,
+            merge_recipes, merge_outputs, merge_grid, merge_hook)
 
 NODE_CLASS_MAPPINGS: dict[str, type] = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict[str, str] = {}

@@ -1,4 +1,7 @@
-"""Attention Couple: a base prompt and up to 8 regions (prompt, mask, LoRA) sampled in one batch row."""
+"""Attention Couple: a base prompt and up to 8 regions (prompt, mask, LoRA) sampled in one batch row,
+from 8 fixed slots (Attention Couple) or from a chain of Couple Region nodes (Attention Couple from
+Regions, nodes/couple_region.py); both turn each region into the same hooks/couple.py CoupleRegion.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..hooks import couple, lora_hooks
 from . import hook_lora, lora_files
+from .couple_region import Region, check_chain
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -63,21 +67,61 @@ class PatchbayAttentionCouple(lora_files.ReadsLoras):
         }
 
     def couple(self, model: ModelPatcher, clip: CLIP, base: str, feather: int = 0, **inputs) -> tuple:
-        numbers = [i for i in range(1, REGIONS + 1) if inputs.get(f"mask_{i}") is not None]
-        found = [self._region(model, clip, i, inputs) for i in numbers]
-        return couple.attention_couple(model, lora_hooks.encode(clip, base), found, feather)
-
-    def _region(self, model: ModelPatcher, clip: CLIP, i: int, inputs: dict) -> couple.CoupleRegion:
-        """Region i's prompt encoded with its LoRA's CLIP part (that prompt only), its mask and its hooks."""
-        name, hooks, text = inputs.get(f"lora_{i}", lora_files.NONE), None, inputs.get(f"prompt_{i}", "")
-        if name != lora_files.NONE:
-            name, lora = self.files.lora(name)
-            lora_hooks.check_lora_fits(lora, name, model, clip)
-            strength = inputs.get(f"strength_{i}", 1.0)
-            keyframes = hook_lora.keyframes_for(inputs.get(f"schedule_{i}", ""), "percent")
-            hooks = lora_hooks.lora_hook(lora, strength, strength, keyframes, name=name)
-        encoder = clip if not hooks or not hooks.hooks else lora_hooks.set_clip_hooks(clip, hooks)
-        return couple.CoupleRegion(lora_hooks.encode(encoder, text), inputs[f"mask_{i}"], hooks)
+        regions = [Region(inputs.get(f"prompt_{i}", ""), inputs[f"mask_{i}"],
+                          inputs.get(f"lora_{i}", lora_files.NONE), inputs.get(f"strength_{i}", 1.0),
+                          inputs.get(f"schedule_{i}", ""))
+                   for i in range(1, REGIONS + 1) if inputs.get(f"mask_{i}") is not None]
+        return sample_regions(self.files, model, clip, base, feather, regions)
 
 
-NODES = [PatchbayAttentionCouple]
+class PatchbayAttentionCoupleRegions(lora_files.ReadsLoras):
+    """Attention Couple with its regions from a chain of Couple Region nodes instead of 8 fixed slots."""
+
+    NODE_ID = "PatchbayAttentionCoupleRegions"
+    DISPLAY_NAME = "Attention Couple from Regions (Patchbay)"
+    DESCRIPTION = (f"Up to {REGIONS} regional prompts, chained by Couple Region nodes, in one batch row "
+                   "(SD1.5, SDXL, Flux.1, Flux.2, SD3): Attention Couple with only the regions in use shown.")
+    CATEGORY = CATEGORY
+    FUNCTION = "couple"
+    RETURN_TYPES = PatchbayAttentionCouple.RETURN_TYPES
+    RETURN_NAMES = PatchbayAttentionCouple.RETURN_NAMES
+    OUTPUT_TOOLTIPS = PatchbayAttentionCouple.OUTPUT_TOOLTIPS
+    FILES_KEPT = REGIONS
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        shared = PatchbayAttentionCouple.INPUT_TYPES()["required"]
+        return {"required": {
+            "model": shared["model"],
+            "clip": shared["clip"],
+            "regions": ("COUPLE_REGIONS", {"tooltip": f"The last Couple Region (Patchbay) of a chain of up "
+                                                      f"to {REGIONS}; regions count in chain order."}),
+            "base": shared["base"],
+            "feather": shared["feather"],
+        }}
+
+    def couple(self, model: ModelPatcher, clip: CLIP, regions: tuple, base: str, feather: int = 0) -> tuple:
+        return sample_regions(self.files, model, clip, base, feather, check_chain(regions))
+
+
+def sample_regions(files: lora_files.LoraFiles, model: ModelPatcher, clip: CLIP, base: str, feather: int,
+                   regions: list[Region] | tuple[Region, ...]) -> tuple:
+    """(MODEL, positive) of hooks/couple.py attention_couple for ``regions``; ``files`` reads their LoRAs."""
+    found = [_region(files, model, clip, region) for region in regions]
+    return couple.attention_couple(model, lora_hooks.encode(clip, base), found, feather)
+
+
+def _region(files: lora_files.LoraFiles, model: ModelPatcher, clip: CLIP,
+            region: Region) -> couple.CoupleRegion:
+    """The region's prompt encoded with its LoRA's CLIP part (that prompt only), its mask and its hooks."""
+    hooks = None
+    if region.lora != lora_files.NONE:
+        name, lora = files.lora(region.lora)
+        lora_hooks.check_lora_fits(lora, name, model, clip)
+        keyframes = hook_lora.keyframes_for(region.schedule, "percent")
+        hooks = lora_hooks.lora_hook(lora, region.strength, region.strength, keyframes, name=name)
+    encoder = clip if not hooks or not hooks.hooks else lora_hooks.set_clip_hooks(clip, hooks)
+    return couple.CoupleRegion(lora_hooks.encode(encoder, region.prompt), region.mask, hooks)
+
+
+NODES = [PatchbayAttentionCouple, PatchbayAttentionCoupleRegions]

@@ -32,6 +32,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "PatchbayRegionalLora": ("regional lora", "region lora", "masked lora", "area lora", "lora mask"),
     "PatchbayAttentionCouple": ("attention couple", "regional prompt", "regional prompting",
                                 "lora per region", "multiple characters"),
+    "PatchbayAttentionCoupleRegions": ("attention couple", "regional prompt", "regional prompting",
+                                       "lora per region", "multiple characters", "region chain"),
+    "PatchbayCoupleRegion": ("attention couple region", "regional prompt", "region prompt", "region mask",
+                             "lora per region"),
     # patcher
     "PatchbayPatchOrder": ("patch order", "torch compile lora"),
     "PatchbayTrace": ("trace hooks", "debug hooks", "step trace"),
