@@ -41,6 +41,9 @@ COLUMN_CAPS = (None, 1400.0, 1100.0, 800.0, 600.0)
 FOLD_BELOW = 0.6  # fold a chain only where the straight layout's fit_score is lower
 FOLD_GAIN = 1.05  # and only where folding shows it at least this much larger
 NOTE_SLACK = 0.01  # a note goes nearer the top left corner where that costs Fit View at most this much zoom
+# A note is read first: it goes above and left of every node (first in reading order) unless every such
+# spot would put Fit View below this zoom (READABLE_ZOOM 0.6 in tests/test_t3_frontend.py, with a margin)
+READ_FIRST_ZOOM = 0.61
 BACK_SPAN_STEP = 200  # links turning back count as equally long within this many graph units
 TEXT_NODE_WIDTH = 400  # the width LiteGraph gives a node with a multiline text box
 TEXT_NODE_SHRINK = (80, 50)  # prompts here are a line or two: a smaller box fits the graph at a larger zoom
@@ -53,28 +56,46 @@ def layout(workflow: dict[str, Any]) -> dict[str, Any]:
     """Give every node of the UI-format ``workflow`` its ``pos`` (and notes and text boxes their size):
     the straight arrangement Fit View shows largest, or where that is read below FOLD_BELOW, among the
     folded ones that reach it the one with the fewest and shortest links turning back (else the
-    largest, if FOLD_GAIN larger than the straight one). Returns ``workflow``."""
+    largest, if FOLD_GAIN larger than the straight one), among the arrangements whose note is read first
+    (above and left of every node) at READ_FIRST_ZOOM or more where there are any. Returns ``workflow``."""
     _size_nodes(workflow)
-    straight: tuple[float, dict[str, Any]] | None = None
-    folded: list[tuple[bool, int, int, float, dict[str, Any]]] = []
+    straight: list[tuple[bool, float, dict[str, Any]]] = []
+    folded: list[tuple[bool, bool, int, int, float, dict[str, Any]]] = []
     for cap in COLUMN_CAPS:
         for fold in _folds(workflow, cap):
             candidate = copy.deepcopy(workflow)
             _arrange(candidate, cap, fold)
             score = fit_score(candidate)
-            if fold is not None:
-                back = _links_back(candidate)
-                folded.append((score >= FOLD_BELOW, -len(back), -round(sum(back) / BACK_SPAN_STEP), score,
-                               candidate))
-            elif straight is None or score > straight[0] + 1e-9:
-                straight = (score, candidate)
-    chosen = straight[1]
-    if straight[0] < FOLD_BELOW and folded:
-        best = max(folded, key=lambda entry: entry[:4])
-        if best[0] or best[3] > straight[0] * FOLD_GAIN:
-            chosen = best[4]
+            first = score >= READ_FIRST_ZOOM and note_read_first(candidate)
+            if fold is None:
+                straight.append((first, score, candidate))
+                continue
+            back = _links_back(candidate)
+            folded.append((first, score >= FOLD_BELOW, -len(back), -round(sum(back) / BACK_SPAN_STEP), score,
+                           candidate))
+    if any(entry[0] for entry in straight + folded):  # a note read first where it can be
+        straight, folded = [e for e in straight if e[0]], [e for e in folded if e[0]]
+    chosen = _choose(straight, folded)
     workflow["nodes"] = chosen["nodes"]
     return workflow
+
+
+def _choose(straight: list[tuple], folded: list[tuple]) -> dict[str, Any]:
+    """The straight arrangement Fit View shows largest, unless that is below FOLD_BELOW and a folded one
+    reaches it (the one with the fewest and shortest links back) or is FOLD_GAIN larger."""
+    best_straight = max(straight, key=lambda entry: entry[1], default=None)
+    if best_straight is not None and (best_straight[1] >= FOLD_BELOW or not folded):
+        return best_straight[2]
+    best = max(folded, key=lambda entry: entry[1:5])
+    if best_straight is None or best[1] or best[4] > best_straight[1] * FOLD_GAIN:
+        return best[5]
+    return best_straight[2]
+
+
+def note_read_first(workflow: dict[str, Any]) -> bool:
+    """Whether a note is what one reads first: the top node (left-most of the top ones) is a note."""
+    top = min(workflow["nodes"], key=lambda node: (node["pos"][1], node["pos"][0]))
+    return top["type"] in NOTE_TYPES
 
 
 def _links_back(workflow: dict[str, Any]) -> list[float]:
@@ -248,7 +269,8 @@ def _place_column(members: list[Any], heights: dict[Any, float], edges: list[Edg
 
 def _place_notes(notes: list[dict[str, Any]], placed: list[dict[str, Any]], edges: list[Edge]) -> None:
     """Each note in turn where the graph grows least (fit_score): in a free spot GAP_X / GAP_Y away
-    from every node and crossing no link, or beside the graph; the nearest the top left corner of those
+    from every node and crossing no link, or beside the graph, first in reading order (above and left of
+    every node) where the graph still fits at READ_FIRST_ZOOM; the nearest the top left corner of those
     within NOTE_SLACK of the best."""
     by_id = {node["id"]: node for node in placed}
     segments = [_link_segment(by_id[o], by_id[t]) for o, _, t, _ in edges if o in by_id and t in by_id]
@@ -269,6 +291,9 @@ def _place_notes(notes: list[dict[str, Any]], placed: list[dict[str, Any]], edge
                 free = not any(_near(spot, box) for box in boxes)
                 if free and not any(_crosses(spot, segment) for segment in segments):
                     spots.append((_zoom(_bounds([*boxes, spot])), x, y))
+        first = min((box[1], box[0]) for box in boxes)
+        read_first = [spot for spot in spots if (spot[2], spot[1]) < first and spot[0] >= READ_FIRST_ZOOM]
+        spots = read_first or spots
         best = max(score for score, _, _ in spots)
         good = [spot for spot in spots if spot[0] >= best - NOTE_SLACK]
         _, x, y = min(good, key=lambda spot: (spot[1] + spot[2], spot[2]))

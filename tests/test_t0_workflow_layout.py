@@ -71,6 +71,17 @@ def test_a_note_goes_into_free_room_off_every_link():
     assert min(box[0] for box in boxes.values()) == wl.ORIGIN[0]
 
 
+def test_a_note_is_read_first_where_the_graph_still_fits():
+    """Above and left of every node (the top node, left-most of the top ones) while Fit View stays at
+    READ_FIRST_ZOOM or more, though the free room under a chain's short nodes, beside its tall last one,
+    would grow the graph less (there Fit View would show it at 1.03 instead of 0.77)."""
+    workflow = _workflow(4, notes=1)
+    workflow["nodes"][3]["size"] = [300, 700]
+    wl.layout(workflow)
+    assert wl.note_read_first(workflow) and wl.fit_score(workflow) >= wl.READ_FIRST_ZOOM
+    _assert_apart(workflow)
+
+
 def test_a_cycle_is_refused():
     workflow = _workflow(3)
     workflow["links"].append([9, 3, 0, 1, 0, "LATENT"])

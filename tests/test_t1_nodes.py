@@ -104,9 +104,19 @@ def test_every_node_is_used_by_a_bundled_workflow(comfy):
     assert not stale, f"{sorted(stale)} are in a workflow or gone: remove them from NOT_YET_IN_A_WORKFLOW"
 
 
+# Workflows whose note is not the first thing one reads (the top node, left-most of the top ones): above
+# and left of every node, each of them would fit Fit View on 1080p below devtools/workflow_layout.py's
+# READ_FIRST_ZOOM, so the note goes where the graph grows least (the layout's rule).
+NOTE_NOT_FIRST = {"attention_couple_four_characters", "regional_two_characters_core_hooks",
+                  "regional_lora_four_regions", "merge_grid_alpha_blocks", "trace_timeline_hook_schedule",
+                  "wan22_two_stage_lora"}
+
+
 def test_every_bundled_workflow_opens_with_a_note_on_what_to_change_and_look_at():
     import devpaths
+    from workflow_catalog import bundled_path
 
+    late = {bundled_path(name).stem for name in NOTE_NOT_FIRST}
     for path in sorted(devpaths.WORKFLOWS_DIR.glob("*.json")):
         nodes = json.loads(path.read_text())["nodes"]
         notes = [node for node in nodes if node["type"] in ("Note", "MarkdownNote")]
@@ -114,7 +124,8 @@ def test_every_bundled_workflow_opens_with_a_note_on_what_to_change_and_look_at(
         text = notes[0]["widgets_values"][0]
         assert "**Change:**" in text and "**Look at:**" in text, f"{path.name}: note lacks Change/Look at"
         top_left = min(nodes, key=lambda node: (node["pos"][1], node["pos"][0]))
-        assert top_left is notes[0], f"{path.name}: the note is not the first thing in the graph"
+        if path.stem not in late:
+            assert top_left is notes[0], f"{path.name}: the note is not the first thing in the graph"
 
 
 def test_floats_make_core_keyframes(comfy):
