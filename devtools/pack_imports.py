@@ -7,7 +7,7 @@ registries (merge methods, the hook claimer), two caches. So a process gives eve
   ComfyUI: a user's, T1's in-process one,       <pack>.merge          <pack>.nodes, <pack>.hooks, ...
     T2/T3's server                              (<pack>: the name ComfyUI's loader gives the folder)
   standalone: devtools/patchbay_merge.py (CLI), patchbay_merge        patchbay.hooks, patchbay.patcher,
-    bench_merge.py, build_merge_docs.py, T0,                          patchbay.nodes.floats (T0 only)
+    bench_merge.py, build_merge_docs.py, T0,                          patchbay.nodes.search_terms (T0)
     T2/T3's test process, a user's script
   ``pip install`` of the repo (pyproject.toml)  patchbay_merge        (not installed)
 
@@ -45,8 +45,8 @@ MERGE_DIR = ROOT / "merge"
 
 
 def use_standalone_names() -> None:
-    """Make ``patchbay_merge`` (merge/) and ``patchbay`` (hooks/, patcher/, nodes/floats.py) importable in a
-    process without ComfyUI: devtools/standalone/ first on ``sys.path``, ahead of an installed copy, and
+    """Make ``patchbay_merge`` (merge/) and ``patchbay`` (hooks/, patcher/, nodes/search_terms.py) importable
+    in a process without ComfyUI: devtools/standalone/ first on ``sys.path``, ahead of an installed copy, and
     ``patchbay_merge`` bound now, so that devtools/ put ahead of it later (where the script
     devtools/patchbay_merge.py lies) changes nothing."""
     if str(STANDALONE) not in sys.path:

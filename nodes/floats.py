@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from comfy_api.latest import io
+
 from ..hooks import floats
+from . import v3
 
 CATEGORY = "Patchbay/schedule"
 _FLOATS_TIP = "A list of numbers, e.g. for Create Hook Keyframes From Floats (floats_strength)."
@@ -19,105 +22,89 @@ def _validate_text(text: str | None, what: str) -> bool | str:
     return True
 
 
-class PatchbayFloatsFromText:
+class PatchbayFloatsFromText(v3.Node):
     NODE_ID = "PatchbayFloatsFromText"
     DISPLAY_NAME = "FLOATS from Text (Patchbay)"
-    DESCRIPTION = "Makes a FLOATS list from numbers typed as text, e.g. 0, 0.25, 1."
-    CATEGORY = CATEGORY
-    FUNCTION = "make"
-    RETURN_TYPES = ("FLOATS", "INT")
-    RETURN_NAMES = ("floats", "count")
-    OUTPUT_TOOLTIPS = (_FLOATS_TIP, "How many numbers the list holds.")
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {
-            "required": {
-                "text": ("STRING", {
-                    "default": "0, 0.25, 0.5, 1",
-                    "multiline": True,
-                    "tooltip": "Numbers separated by commas, spaces or new lines; # starts a comment.",
-                }),
-            }
-        }
+    def define_schema(cls) -> io.Schema:
+        return v3.schema(
+            cls, category=CATEGORY,
+            description="Makes a FLOATS list from numbers typed as text, e.g. 0, 0.25, 1.",
+            inputs=[io.String.Input("text", default="0, 0.25, 0.5, 1", multiline=True,
+                                    tooltip="Numbers separated by commas, spaces or new lines; # starts a "
+                                            "comment.")],
+            outputs=[v3.output(v3.FLOATS, "floats", _FLOATS_TIP),
+                     v3.output(io.Int, "count", "How many numbers the list holds.")])
 
     @classmethod
-    def VALIDATE_INPUTS(cls, text: str | None = None) -> bool | str:
+    def validate_inputs(cls, text: str | None = None) -> bool | str:
         return _validate_text(text, "FLOATS text")
 
-    def make(self, text: str) -> tuple[list[float], int]:
+    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
+
+    @classmethod
+    def execute(cls, text: str) -> io.NodeOutput:
         values = floats.parse_floats(text)
-        return (values, len(values))
+        return io.NodeOutput(values, len(values))
+
+    make = v3.v1_entry()
 
 
-class PatchbayFloatsRamp:
+class PatchbayFloatsRamp(v3.Node):
     NODE_ID = "PatchbayFloatsRamp"
     DISPLAY_NAME = "FLOATS Ramp (Patchbay)"
-    DESCRIPTION = "Makes a FLOATS list of count values from start to end, spaced by an easing curve."
-    CATEGORY = CATEGORY
-    FUNCTION = "make"
-    RETURN_TYPES = ("FLOATS",)
-    RETURN_NAMES = ("floats",)
-    OUTPUT_TOOLTIPS = (_FLOATS_TIP,)
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
+    def define_schema(cls) -> io.Schema:
         number = {"min": -100.0, "max": 100.0, "step": 0.01}
-        return {
-            "required": {
-                "start": ("FLOAT", {**number, "default": 0.0, "tooltip": "First value."}),
-                "end": ("FLOAT", {**number, "default": 1.0, "tooltip": "Last value."}),
-                "count": ("INT", {
-                    "default": 5, "min": 1, "max": 10000,
-                    "tooltip": "How many values, start and end included.",
-                }),
-                "easing": (list(floats.EASINGS), {
-                    "default": "linear",
-                    "tooltip": "Shape of the ramp: linear, or slow at the start (ease_in), "
-                               "the end (ease_out) or both (ease_in_out).",
-                }),
-            }
-        }
+        return v3.schema(
+            cls, category=CATEGORY,
+            description="Makes a FLOATS list of count values from start to end, spaced by an easing curve.",
+            inputs=[io.Float.Input("start", default=0.0, **number, tooltip="First value."),
+                    io.Float.Input("end", default=1.0, **number, tooltip="Last value."),
+                    io.Int.Input("count", default=5, min=1, max=10000,
+                                 tooltip="How many values, start and end included."),
+                    io.Combo.Input("easing", options=list(floats.EASINGS), default="linear",
+                                   tooltip="Shape of the ramp: linear, or slow at the start (ease_in), the "
+                                           "end (ease_out) or both (ease_in_out).")],
+            outputs=[v3.output(v3.FLOATS, "floats", _FLOATS_TIP)])
 
-    def make(self, start: float, end: float, count: int, easing: str) -> tuple[list[float]]:
-        return (floats.ramp(start, end, count, easing),)
+    @classmethod
+    def execute(cls, start: float, end: float, count: int, easing: str) -> io.NodeOutput:
+        return io.NodeOutput(floats.ramp(start, end, count, easing))
+
+    make = v3.v1_entry()
 
 
-class PatchbayFloatsRepeat:
+class PatchbayFloatsRepeat(v3.Node):
     NODE_ID = "PatchbayFloatsRepeat"
     DISPLAY_NAME = "FLOATS Repeat Pattern (Patchbay)"
-    DESCRIPTION = "Makes a FLOATS list by repeating a pattern of numbers until it has length values."
-    CATEGORY = CATEGORY
-    FUNCTION = "make"
-    RETURN_TYPES = ("FLOATS",)
-    RETURN_NAMES = ("floats",)
-    OUTPUT_TOOLTIPS = (_FLOATS_TIP,)
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {
-            "required": {
-                "pattern": ("STRING", {
-                    "default": "1, 0",
-                    "tooltip": "The numbers to repeat, separated by commas or spaces.",
-                }),
-                "length": ("INT", {
-                    "default": 6, "min": 1, "max": 10000,
-                    "tooltip": "How many values the list holds; the last repeat is cut to fit.",
-                }),
-                "mode": (list(floats.REPEAT_MODES), {
-                    "default": "cycle",
-                    "tooltip": "cycle: a b c a b c; pingpong: a b c b a b.",
-                }),
-            }
-        }
+    def define_schema(cls) -> io.Schema:
+        return v3.schema(
+            cls, category=CATEGORY,
+            description="Makes a FLOATS list by repeating a pattern of numbers until it has length values.",
+            inputs=[io.String.Input("pattern", default="1, 0",
+                                    tooltip="The numbers to repeat, separated by commas or spaces."),
+                    io.Int.Input("length", default=6, min=1, max=10000,
+                                 tooltip="How many values the list holds; the last repeat is cut to fit."),
+                    io.Combo.Input("mode", options=list(floats.REPEAT_MODES), default="cycle",
+                                   tooltip="cycle: a b c a b c; pingpong: a b c b a b.")],
+            outputs=[v3.output(v3.FLOATS, "floats", _FLOATS_TIP)])
 
     @classmethod
-    def VALIDATE_INPUTS(cls, pattern: str | None = None) -> bool | str:
+    def validate_inputs(cls, pattern: str | None = None) -> bool | str:
         return _validate_text(pattern, "repeat pattern")
 
-    def make(self, pattern: str, length: int, mode: str) -> tuple[list[float]]:
-        return (floats.repeat(pattern, length, mode),)
+    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
+
+    @classmethod
+    def execute(cls, pattern: str, length: int, mode: str) -> io.NodeOutput:
+        return io.NodeOutput(floats.repeat(pattern, length, mode))
+
+    make = v3.v1_entry()
 
 
 NODES = [PatchbayFloatsFromText, PatchbayFloatsRamp, PatchbayFloatsRepeat]

@@ -4,8 +4,8 @@
   ``patchbay_merge`` (``from patchbay_merge import recipe``); T1 loads the pack into its process as
   ComfyUI does and reaches the library only as ``comfy.pack.merge``, so T1 runs in a pytest process of
   its own and every session fails if it holds a file of this repo under two names.
-- ``pack``: the pack's other pure modules (hooks, patcher, nodes/floats.py) as the package ``patchbay``,
-  without its ``__init__`` (T0; nothing from ComfyUI is imported).
+- ``pack``: the pack's other pure modules (hooks, patcher, nodes/search_terms.py) as the package
+  ``patchbay``, without its ``__init__`` (T0; nothing from ComfyUI is imported).
 - ``models``: the tiny generated models (devtools/tiny_models.py), made once per session.
 - ``comfy``: ComfyUI in-process (T1): core and extra nodes initialised, this pack loaded through
   ComfyUI's own ``nodes.load_custom_node`` from a ``custom_nodes/ComfyUI-Patchbay`` link.
@@ -36,7 +36,7 @@ pack_imports.use_standalone_names()
 @pytest.fixture(scope="session")
 def pack() -> types.ModuleType:
     """The pack's ComfyUI-free files as ``patchbay`` (devtools/standalone/patchbay): T0 imports
-    ``patchbay.hooks.floats`` and ``patchbay.nodes.floats`` without the pack's registration loops."""
+    ``patchbay.hooks.floats`` and ``patchbay.patcher.trace`` without the pack's registration loops."""
     import patchbay
 
     return patchbay

@@ -93,36 +93,3 @@ def test_repeat_rejects_bad_input(floats):
         floats.repeat("1", 0)
     with pytest.raises(floats.FloatsError, match="unknown repeat mode 'zigzag'"):
         floats.repeat("1", 2, "zigzag")
-
-
-def test_nodes_return_floats_lists(pack):
-    from patchbay.nodes import floats as nodes
-
-    assert nodes.PatchbayFloatsFromText().make("0, 0.5") == ([0.0, 0.5], 2)
-    assert nodes.PatchbayFloatsRamp().make(0.0, 1.0, 3, "linear") == ([0.0, 0.5, 1.0],)
-    assert nodes.PatchbayFloatsRepeat().make("1, 0", 3, "cycle") == ([1.0, 0.0, 1.0],)
-    easing_choices = nodes.PatchbayFloatsRamp.INPUT_TYPES()["required"]["easing"][0]
-    assert easing_choices[0] == "linear"
-
-
-def test_text_errors_come_at_validation_time(pack):
-    """ComfyUI calls VALIDATE_INPUTS when a prompt is queued: a typo stops it before anything runs."""
-    from patchbay.nodes import floats as nodes
-
-    assert nodes.PatchbayFloatsFromText.VALIDATE_INPUTS("0, 0.25\n1  # end") is True
-    assert nodes.PatchbayFloatsFromText.VALIDATE_INPUTS(None) is True  # linked: checked when it runs
-    message = nodes.PatchbayFloatsFromText.VALIDATE_INPUTS("0, half, 1")
-    assert "FLOATS text" in message and "'half' at line 1, column 4" in message
-    assert "holds no number" in nodes.PatchbayFloatsFromText.VALIDATE_INPUTS("# nothing")
-    assert nodes.PatchbayFloatsRepeat.VALIDATE_INPUTS("1, 0") is True
-    assert "repeat pattern" in nodes.PatchbayFloatsRepeat.VALIDATE_INPUTS("1, x")
-
-
-def test_every_node_documents_itself(pack):
-    from patchbay.nodes import floats as nodes
-
-    for node in nodes.NODES:
-        assert node.DESCRIPTION and node.CATEGORY.startswith("Patchbay")
-        assert len(node.OUTPUT_TOOLTIPS) == len(node.RETURN_TYPES)
-        for name, spec in node.INPUT_TYPES()["required"].items():
-            assert spec[1].get("tooltip"), f"{node.NODE_ID}.{name} has no tooltip"

@@ -33,19 +33,19 @@ def run_isolated(code: str, tmp_path: Path) -> dict:
 def test_standalone_names_load_the_repos_files_once_and_nothing_of_comfyui(tmp_path):
     seen = run_isolated("""
         pack_imports.use_standalone_names()
-        import patchbay.hooks.floats, patchbay.nodes.floats, patchbay.patcher.trace
+        import patchbay.hooks.floats, patchbay.nodes.search_terms, patchbay.patcher.trace
         import patchbay_merge.execute, patchbay_merge.recipe
         try:
             import patchbay.merge
         except ImportError as error:
             refused = str(error)
-        names = ("patchbay_merge.recipe", "patchbay.nodes.floats", "patchbay.hooks.floats")
+        names = ("patchbay_merge.recipe", "patchbay.nodes.search_terms", "patchbay.hooks.floats")
         print(json.dumps({"files": [sys.modules[n].__file__ for n in names], "refused": refused,
                           "twice": pack_imports.loaded_under_two_names(),
                           "others": sorted(m for m in sys.modules if m.split(".")[0] in
                                            ("merge", "nodes", "hooks", "patcher", "comfy", "folder_paths"))}))
     """, tmp_path)
-    assert seen["files"] == [str(ROOT / "merge" / "recipe.py"), str(ROOT / "nodes" / "floats.py"),
+    assert seen["files"] == [str(ROOT / "merge" / "recipe.py"), str(ROOT / "nodes" / "search_terms.py"),
                              str(ROOT / "hooks" / "floats.py")]
     assert "outside ComfyUI the merge library is patchbay_merge" in seen["refused"]
     assert seen["twice"] == {} and seen["others"] == []  # nodes/__init__.py's registration loop did not run

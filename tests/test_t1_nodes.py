@@ -128,6 +128,39 @@ def test_every_bundled_workflow_opens_with_a_note_on_what_to_change_and_look_at(
             assert top_left is notes[0], f"{path.name}: the note is not the first thing in the graph"
 
 
+def test_floats_nodes_return_floats_lists(comfy):
+    """The FLOATS nodes (V3) as Python calls them (V1's ``make``) and as ComfyUI does (``execute``)."""
+    nodes = comfy.pack.NODE_CLASS_MAPPINGS
+    assert nodes["PatchbayFloatsFromText"]().make("0, 0.5") == ([0.0, 0.5], 2)
+    assert nodes["PatchbayFloatsRamp"]().make(0.0, 1.0, 3, "linear") == ([0.0, 0.5, 1.0],)
+    assert nodes["PatchbayFloatsRepeat"]().make("1, 0", 3, "cycle") == ([1.0, 0.0, 1.0],)
+    assert nodes["PatchbayFloatsRepeat"].execute("1, 0", 3, "pingpong").args == ([1.0, 0.0, 1.0],)
+    easing_choices = nodes["PatchbayFloatsRamp"].INPUT_TYPES()["required"]["easing"][1]["options"]
+    assert easing_choices[0] == "linear"
+
+
+def test_floats_text_errors_come_at_validation_time(comfy):
+    """ComfyUI calls validate_inputs when a prompt is queued: a typo stops it before anything runs."""
+    nodes = comfy.pack.NODE_CLASS_MAPPINGS
+    text, repeat = nodes["PatchbayFloatsFromText"], nodes["PatchbayFloatsRepeat"]
+    assert text.validate_inputs("0, 0.25\n1  # end") is True
+    assert text.validate_inputs(None) is True  # linked: checked when it runs
+    message = text.validate_inputs("0, half, 1")
+    assert "FLOATS text" in message and "'half' at line 1, column 4" in message
+    assert "holds no number" in text.validate_inputs("# nothing")
+    assert repeat.VALIDATE_INPUTS("1, 0") is True
+    assert "repeat pattern" in repeat.validate_inputs("1, x")
+
+
+def test_floats_nodes_document_themselves(comfy):
+    for node_id in ("PatchbayFloatsFromText", "PatchbayFloatsRamp", "PatchbayFloatsRepeat"):
+        node = comfy.pack.NODE_CLASS_MAPPINGS[node_id]
+        assert node.DESCRIPTION and node.CATEGORY.startswith("Patchbay")
+        assert len(node.OUTPUT_TOOLTIPS) == len(node.RETURN_TYPES) and all(node.OUTPUT_TOOLTIPS)
+        for name, spec in node.INPUT_TYPES()["required"].items():
+            assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
+
+
 def test_floats_make_core_keyframes(comfy):
     floats_node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayFloatsRamp"]()
     (values,) = floats_node.make(start=1.0, end=0.0, count=5, easing="linear")

@@ -35,7 +35,8 @@ METHOD_NODES = tuple(sorted(node_id for node_id in json.loads(SNAPSHOT.read_text
 V3_NODES = ("PatchbayHookEngine", "PatchbayHookBlockWeights", "PatchbayHookSchedulePreview",
             "PatchbayHookKeyframe", "PatchbayHookKeyframesInterpolated", "PatchbayHookKeyframesFromFloats",
             "PatchbayHookKeyframesFromText", "PatchbayLoraStacker", "PatchbayPatchOrder", "PatchbayTrace",
-            "PatchbayTraceTimeline", *MERGE_NODES, *METHOD_NODES)
+            "PatchbayTraceTimeline", "PatchbayFloatsFromText", "PatchbayFloatsRamp", "PatchbayFloatsRepeat",
+            *MERGE_NODES, *METHOD_NODES)
 # V1's Merge took a hidden UNIQUE_ID, which puts the node id in ComfyUI's cache key (two Merge nodes with
 # the same inputs each run and show their own warnings); V3 writes hidden inputs in a form the cache does
 # not look for, so the V3 Merge says not_idempotent, which does the same
@@ -271,3 +272,17 @@ def test_comfyui_runs_validate_inputs_of_the_merge_nodes(comfy):
     valid, details = _validate(node)
     assert not valid and details and all("recipe text: " in detail for detail in details), details
 
+
+
+def test_every_node_is_v3_but_those_that_keep_their_lora_files(comfy):
+    """Issue 33: every node on the V3 API where both ComfyUI versions have what it needs. The nodes that
+    read LoRA files keep the last ones per node (nodes/lora_files.ReadsLoras), which V3's locked class
+    copy cannot (nodes/v3.py); they, and only they, stay V1."""
+    from comfy_api.latest import io
+
+    reads_loras = comfy.pack.nodes.lora_files.ReadsLoras
+    v1 = sorted(node_id for node_id, cls in comfy.pack.NODE_CLASS_MAPPINGS.items()
+                if not issubclass(cls, io.ComfyNode))
+    assert v1 == sorted(node_id for node_id, cls in comfy.pack.NODE_CLASS_MAPPINGS.items()
+                        if issubclass(cls, reads_loras))
+    assert len(v1) == 9, v1

@@ -1,5 +1,6 @@
-"""The pack's ComfyUI-free files (hooks/, patcher/, nodes/floats.py) as ``patchbay.*``, without the pack's
-``__init__.py`` (it registers every node, and nodes import ComfyUI); T0 only. devtools/pack_imports.py."""
+"""The pack's ComfyUI-free files (hooks/, patcher/, nodes/search_terms.py) as ``patchbay.*``, without the
+pack's ``__init__.py`` (it registers every node, and nodes import ComfyUI); T0 only.
+devtools/pack_imports.py."""
 
 from pathlib import Path
 

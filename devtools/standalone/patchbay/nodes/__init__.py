@@ -1,5 +1,5 @@
 """nodes/ as ``patchbay.nodes`` without its registration loop (nodes/__init__.py imports every node module,
-the ComfyUI-bound ones too), so that T0 imports ``patchbay.nodes.floats`` alone."""
+the ComfyUI-bound ones too), so that T0 imports ``patchbay.nodes.search_terms`` alone."""
 
 from pathlib import Path
 
