@@ -12,7 +12,7 @@ from typing import Any
 from . import io as mio
 from . import method_registry as registry
 from .fingerprint import file_fingerprint
-from .graph import CallNode, FreeInput, LiteralNode, ModelNode, ParamNode, RecipeError
+from .graph import CallNode, FreeInput, LiteralNode, ModelNode, ParamNode, RecipeError, SourceNode
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,11 @@ class Call:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A model input: resolved path (or an in-memory source) and the merge space it enters the recipe in."""
+    """A model input: resolved path (or a source object) and the merge space it enters the recipe in."""
 
     path: Path | None
     space: str
-    source: Any = None  # a MemorySource (or any object with the source interface) instead of a file
+    source: Any = None  # a source object (merge/sources.py: open(space)) instead of a file
     fingerprint: Any = None  # the file's (merge/fingerprint.py) or the source's, taken when compiled
 
 
@@ -67,11 +67,8 @@ class CompiledRecipe:
         opened: list = []
         try:
             for spec in self.sources:
-                if spec.source is not None:
-                    spec.source.space = spec.space
-                    opened.append(spec.source)
-                else:
-                    opened.append(mio.SafetensorsFile(spec.path))
+                opened.append(mio.SafetensorsFile(spec.path) if spec.source is None
+                              else spec.source.open(spec.space))
             weights = [s for s in opened if not s.arch.startswith("lora")]
             named = [(s.path if hasattr(s, "path") else s.name, s.arch, _canonical_keys(s)) for s in weights]
             self.notes = mio.check_same_architecture(named, architecture_policy)
@@ -190,14 +187,15 @@ class FileSource:
 def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any = None,
                    resolve: Callable[[str], Any] | None = None, seed: int = 0) -> CompiledRecipe:
     """Compile a closed recipe into steps; model paths are resolved against cwd, then ``search_dirs``,
-    or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``).
+    or by ``resolve(path)`` when given (a ``Path``, or a source object such as a ``MemorySource``); a
+    ``SourceNode`` brings its source object itself.
 
-    Model paths are deduplicated into source indices (``resolve`` is ``MergeRuntime.resolve``: the
-    ComfyUI nodes map folder names to files and graph models to ``MemorySource``s, merge/sources.py),
-    method names are looked up in the registry, scalars stay numbers and map literals stay
-    ``LiteralNode``s that ``CompiledRecipe.scalar`` resolves per key (``check_maps`` resolves them
-    against every
-    planned key at plan time, so that a recipe that validates merges). A param-space call given as a
+    Model inputs are deduplicated into source indices, files by path and source objects by fingerprint
+    (``resolve`` is ``MergeRuntime.resolve``: the ComfyUI nodes map folder names to files; a graph MODEL
+    is a ``SourceNode``, merge/sources.py), method names are looked up in the registry, scalars stay
+    numbers and map literals stay ``LiteralNode``s that ``CompiledRecipe.scalar`` resolves per key
+    (``check_maps`` resolves them against every planned key at plan time, so that a recipe that
+    validates merges). A param-space call given as a
     parameter (``alpha=train_difference_mask(a, b, c)``) is a ``Call`` in ``kwargs``, evaluated per key
     like a tensor input. Unbound ``FreeInput``/``ParamNode`` nodes are refused here with the names to
     bind. ``CompiledRecipe.key_id`` names what one key's result of a step depends on, for the cache
@@ -212,7 +210,12 @@ def compile_recipe(recipe: Any, search_dirs: tuple[Path, ...] = (), cache: Any =
     memo: dict[int, Any] = {}
 
     def leaf(node: ModelNode) -> Leaf:
-        target = resolve(node.path) if resolve is not None else resolve_path(Path(node.path), search_dirs)
+        if isinstance(node, SourceNode):
+            target = node.source
+        elif resolve is not None:
+            target = resolve(node.path)
+        else:
+            target = resolve_path(Path(node.path), search_dirs)
         ident = target if isinstance(target, Path) else ("source", target.fingerprint)
         if ident not in index:
             index[ident] = len(sources)

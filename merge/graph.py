@@ -1,4 +1,4 @@
-"""The recipe graph's node types: five frozen dataclasses and the error that carries a path, kept apart
+"""The recipe graph's node types: six frozen dataclasses and the error that carries a path, kept apart
 from the builders (merge/recipe.py, which re-exports them) so they import only the standard library.
 """
 
@@ -40,6 +40,23 @@ class ModelNode:
         if self.config is not None and not isinstance(self.config, str):
             raise RecipeError((label(self),), f"model_config {shown(self.config)} is not a config name; give "
                                               f"a quoted id such as \"sd1-ldm\", or leave it out")
+
+
+@dataclass(frozen=True)
+class SourceNode(ModelNode):
+    """A model that is no file: ``source`` (merge/sources.py: ``name``, ``fingerprint``, ``open(space)``),
+    read key by key, as sd-mecha lets a leaf be a tensor or a dict. ``path`` is the source's name, which
+    messages and .mecha text show; nodes compare by it, their space and the source's fingerprint."""
+
+    source: Any = field(default=None, compare=False, repr=False)
+    fingerprint: Any = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not callable(getattr(self.source, "open", None)) or not hasattr(self.source, "fingerprint"):
+            raise RecipeError((label(self),), f"{shown(self.source)} is no model source: give an object with "
+                                              f"name, fingerprint and open(space) (merge/sources.py)")
+        object.__setattr__(self, "fingerprint", self.source.fingerprint)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from .graph import (
     ParamNode,
     RecipeError,
     Scalar,
+    SourceNode,
     label,
     shown,
 )
@@ -26,8 +27,8 @@ from .method_registry import MergeMethod
 from .names import ANY, PARAM, did_you_mean
 
 __all__ = ["CallNode", "FreeInput", "LiteralNode", "ModelNode", "Node", "ParamNode", "RecipeError", "Scalar",
-           "bind", "call", "check_call", "free_input", "free_inputs", "literal", "model", "output_space",
-           "param", "params", "validate", "walk"]
+           "SourceNode", "bind", "call", "check_call", "free_input", "free_inputs", "literal", "model",
+           "output_space", "param", "params", "source", "validate", "walk"]
 
 
 # ---- builders ------------------------------------------------------------------------------------
@@ -35,6 +36,12 @@ __all__ = ["CallNode", "FreeInput", "LiteralNode", "ModelNode", "Node", "ParamNo
 def model(path: str, space: str = "weight", config: str | None = None) -> ModelNode:
     """A model file as a recipe input."""
     return ModelNode(str(path), space, config)
+
+
+def source(obj: Any, space: str = "weight") -> SourceNode:
+    """A model that is no file as a recipe input: ``obj`` has ``name``, ``fingerprint`` and ``open(space)``
+    (merge/sources.py; a ``MemorySource`` has them)."""
+    return SourceNode(str(getattr(obj, "name", "") or "source"), space, source=obj)
 
 
 def literal(value: Scalar | Mapping[str, Scalar]) -> LiteralNode:
@@ -60,7 +67,8 @@ def call(method: str, *args: Any, **kwargs: Any) -> CallNode:
 
     A recipe is an immutable DAG of five node kinds::
 
-        ModelNode(path)       a model file (weight space unless told otherwise)
+        ModelNode(path)       a model file (weight space unless told otherwise); its kind SourceNode(name,
+                              source=obj) a model that is no file (a MODEL of ComfyUI's graph)
         LiteralNode(value)    a scalar, or a map block-name / key-glob -> scalar with an optional "default"
         CallNode(method, args, kwargs)   a registered merge method applied to tensor args and scalar kwargs
         FreeInput(name)       a tensor input left open, bound later to another recipe

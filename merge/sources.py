@@ -4,6 +4,7 @@ ComfyUI nodes) can hand the engine a model without the engine knowing where it l
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 
 import torch
@@ -33,10 +34,12 @@ class MemorySource:
         fingerprint                        equal fingerprints mean equal contents (merge/cache.py)
         close()
 
-    A ``MemorySource`` gets its keys' infos up front and a ``fetch(key)`` callable for the values, so a
-    caller can hand the engine a model that lives elsewhere (ComfyUI's MODEL with its patches applied key
-    by key: nodes/merge_runtime.py) without the engine knowing where. A recipe names it by a path that
-    ``MergeRuntime.resolve`` maps to the source.
+    A recipe takes a source object as a leaf (``recipe.source(obj)``, a ``SourceNode``), or a caller's
+    ``MergeRuntime.resolve`` maps a model path to one. A source object has ``name``, ``fingerprint`` and
+    ``open(space)``, which gives the interface above in that merge space when a merge opens its inputs: a
+    ``MemorySource`` gives a copy of itself (the object a caller holds is never changed); ComfyUI's MODEL
+    (comfy_merge/graph_model.py) gives a ``MemorySource`` with its patches applied key by key, so the
+    engine never knows where a model lives.
     """
 
     def __init__(self, name: str, infos: Mapping[str, TensorInfo], fetch: Callable[[str], torch.Tensor],
@@ -45,6 +48,12 @@ class MemorySource:
         self._infos = dict(infos)
         self._fetch = fetch
         self.arch, _ = detect_architecture(self._infos)
+
+    def open(self, space: str) -> MemorySource:
+        """This source entering a recipe in merge ``space``: a copy sharing the infos and ``fetch``."""
+        opened = copy.copy(self)
+        opened.space = space
+        return opened
 
     def keys(self) -> list[str]:
         return list(self._infos)

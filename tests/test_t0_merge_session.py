@@ -104,6 +104,33 @@ def test_a_memory_source_merges_exactly_like_the_file_it_holds(files, tmp_path):
     assert len(resolver.reads) == len(SHAPES)
 
 
+def test_a_source_object_is_a_recipe_leaf_and_the_object_handed_in_is_never_changed(files, tmp_path):
+    """Issue 32 item 4: a recipe leaf may be a source object (``recipe.source``: no path, no resolver), as
+    a MODEL of ComfyUI's graph enters a recipe. It merges exactly like the file it holds, in the merge space
+    the recipe gives it, while the object keeps its own space; leaves compare by name, space and the
+    source's fingerprint."""
+    from patchbay_merge import recipe as R
+    from patchbay_merge.execute import merge
+
+    resolver = Counting(files)
+    held = resolver("mem:a")
+    leaf = R.source(held)
+    assert leaf == R.source(held) and hash(leaf) == hash(R.source(held)) and leaf.path == "memory a"
+    assert leaf != R.source(resolver("mem:b")) and leaf != R.source(held, space="delta")
+    merge(R.weighted_sum(leaf, R.model("b"), alpha=0.3), tmp_path / "leaf.safetensors", *run(resolve=resolver))
+    merge(recipe_of(first="a"), tmp_path / "file.safetensors", *run(resolve=resolver))
+    merge(R.add_difference(R.model("b"), R.source(held, space="delta"), alpha=0.5),
+          tmp_path / "delta.safetensors", *run(resolve=resolver))
+    assert held.space == "weight"
+    from_leaf, from_file = (load_file(str(tmp_path / f"{n}.safetensors")) for n in ("leaf", "file"))
+    delta, b = load_file(str(tmp_path / "delta.safetensors")), load_file(str(files["b"]))
+    a = load_file(str(files["a"]))
+    for key in FLOATS:
+        assert torch.equal(from_leaf[key], from_file[key]), key
+        torch.testing.assert_close(delta[key].float(), b[key].float() + 0.5 * a[key].float(), rtol=1e-3,
+                                   atol=1e-3, msg=key)
+
+
 def test_a_refusing_resolver_stops_before_any_output(files, tmp_path):
     from patchbay_merge.execute import merge
 
