@@ -117,7 +117,8 @@ def test_a_source_object_is_a_recipe_leaf_and_the_object_handed_in_is_never_chan
     leaf = R.source(held)
     assert leaf == R.source(held) and hash(leaf) == hash(R.source(held)) and leaf.path == "memory a"
     assert leaf != R.source(resolver("mem:b")) and leaf != R.source(held, space="delta")
-    merge(R.weighted_sum(leaf, R.model("b"), alpha=0.3), tmp_path / "leaf.safetensors", *run(resolve=resolver))
+    merge(R.weighted_sum(leaf, R.model("b"), alpha=0.3), tmp_path / "leaf.safetensors",
+          *run(resolve=resolver))
     merge(recipe_of(first="a"), tmp_path / "file.safetensors", *run(resolve=resolver))
     merge(R.add_difference(R.model("b"), R.source(held, space="delta"), alpha=0.5),
           tmp_path / "delta.safetensors", *run(resolve=resolver))
