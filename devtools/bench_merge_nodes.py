@@ -274,8 +274,8 @@ def probe(contenders: list[str], arch: str, steps: int, out_dir: Path) -> list[d
 class Phases:
     """Seconds per phase of a contender's span, from timers wrapped around the functions that do each
     (restored on exit): ``sampling`` comfy.sample.sample, ``decode`` VAE.decode, ``encode``
-    CLIPTextEncode, ``model_build`` ComfyUI's loader building a MODEL (merge_runtime._load),
-    ``merge_fill`` the rest of merge_runtime.build_models (the merge math streamed into the model's
+    CLIPTextEncode, ``model_build`` ComfyUI's loader building a MODEL (comfy_merge/runtime._load),
+    ``merge_fill`` the rest of comfy_merge/runtime.build_models (the merge math streamed into the model's
     weights: reading, evaluating, checking, caching, copying), ``merge_setup`` the rest of
     merge_models (recipe compiled, inputs opened, keys planned)."""
 
@@ -285,7 +285,7 @@ class Phases:
 
         import nodes
 
-        runtime = importlib.import_module(pack.__name__ + ".nodes.merge_runtime")
+        runtime = importlib.import_module(pack.__name__ + ".comfy_merge.runtime")
         self.spans = [(comfy.sample, "sample", "sampling"), (comfy.sd.VAE, "decode", "decode"),
                       (nodes.CLIPTextEncode, "encode", "encode"), (runtime, "_load", "model_build"),
                       (runtime, "build_models", "build_models"), (runtime, "merge_models", "merge_models")]

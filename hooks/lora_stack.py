@@ -47,7 +47,7 @@ def stack_entries(stack: Sequence | None) -> tuple[StackEntry, ...]:
     the loras folder (LoRA Manager writes the OS separator, and an absolute path for a file outside the
     loras roots it knows); "None" entries are skipped, as those packs skip them. Data flow: a node's
     LORA_STACK input -> ``stack_entries`` (shape and numbers checked here) -> per entry the node layer
-    resolves the name in the loras folder (nodes/lora_files.py, nearest names on a miss) and
+    resolves the name in the loras folder (comfy_merge/files.py, nearest names on a miss) and
     ``entry_schedules`` gives its schedule text (hooks/schedule_text.py syntax) -> lora_hooks.lora_hook.
     Errors (StackError) name the entry, its value and the fix.
     """

@@ -71,7 +71,7 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
 
     ``sink`` is anything with ``append(key, tensor)`` (called from the writer thread; the tensor's memory
     is reused afterwards, so a sink copies what it keeps): the safetensors writer, or the ComfyUI Merge
-    node's model (nodes/merge_runtime.py).
+    node's model (comfy_merge/runtime.py).
     """
     check, on_progress = runtime.check, runtime.on_progress
     budget = options.memory_budget_mb * 2**20

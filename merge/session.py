@@ -21,7 +21,7 @@ class MergeSession:
     """See the module docstring. ``plans`` lists every output key; ``report`` collects what happened.
 
     ``merge/execute.py`` streams a session into a safetensors file; the ComfyUI Merge node streams one into
-    a dict and into a model's parameters (nodes/merge_runtime.py); ``evaluate(key)`` gives one key's
+    a dict and into a model's parameters (comfy_merge/runtime.py); ``evaluate(key)`` gives one key's
     result on its own (a recipe used as a hook asks for "the delta for key K" that way)::
 
         with MergeSession(recipe, MergeOptions(dtype="fp32")) as session:

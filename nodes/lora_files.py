@@ -1,54 +1,26 @@
-"""LoRA and checkpoint files by name for the hook nodes: lookup in ComfyUI's folders with a did-you-mean;
-the one place the hook nodes touch ``folder_paths``, so hooks/ only sees state dicts.
+"""LoRA and checkpoint files by name for the hook nodes, read and kept per node (the lookup in ComfyUI's
+folders, with its did-you-mean, is comfy_merge/files.py's, which the merge nodes share); hooks/ only sees
+state dicts.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from pathlib import PurePath
 
 import comfy.hooks
 import comfy.sd
 import comfy.utils
 import folder_paths
 
-from ..merge.names import nearest, suggestion
+from ..comfy_merge.files import UnknownFileError, names, resolve
 
 __all__ = ["NONE", "LoraFiles", "ReadsLoras", "UnknownFileError", "lora_names", "names", "resolve"]
 
 NONE = "None"
 
 
-class UnknownFileError(ValueError):
-    """A file name not found in its ComfyUI folder; the message lists the nearest names."""
-
-
-def names(folder: str) -> list[str]:
-    return folder_paths.get_filename_list(folder)
-
-
 def lora_names() -> list[str]:
     return names("loras")
-
-
-def resolve(name: str, folder: str = "loras") -> tuple[str, str]:
-    """(file name as listed, full path) for ``name``; the extension and the subfolder may be left out.
-
-    Raises UnknownFileError with the three nearest names in the folder.
-    """
-    names = folder_paths.get_filename_list(folder)
-    wanted = name.strip().replace("\\", "/")
-    if wanted in names:
-        return wanted, folder_paths.get_full_path_or_raise(folder, wanted)
-    stems = {PurePath(n).stem.lower(): n for n in names}
-    stem = PurePath(wanted).stem.lower()
-    if stem in stems:
-        found = stems[stem]
-        return found, folder_paths.get_full_path_or_raise(folder, found)
-    near = nearest(stem, stems, cutoff=0.4)
-    hint = suggestion([stems[n] for n in near]) if near else \
-        f"the {folder} folder holds {len(names)} file(s); put the file there or fix the name."
-    raise UnknownFileError(f"no {folder[:-1] if folder.endswith('s') else folder} named {name!r}; {hint}")
 
 
 class LoraFiles:

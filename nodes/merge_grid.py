@@ -15,9 +15,10 @@ import comfy.utils
 import torch
 from comfy_api.latest import io
 
+from ..comfy_merge import runtime
 from ..merge import grid
 from ..patcher import drawing
-from . import merge_runtime, v3
+from . import v3
 from .merge_inputs import LATER, pattern_map
 from .merge_outputs import common_inputs, option_fields, policy_input
 from .merge_recipes import recipe_to_text
@@ -53,7 +54,7 @@ def parse_values(text: str, axis: str) -> list[Any]:
 def snake_order(count: int, columns: int) -> list[int]:
     """The order the cells are merged in: row by row, every other row backwards, so that each variant
     follows the one whose x value it shares (a row's last cell and the next row's first): the keys the
-    y value leaves alone keep their values in the model (merge_runtime.build_models)."""
+    y value leaves alone keep their values in the model (runtime.build_models)."""
     rows = [list(range(start, min(count, start + columns))) for start in range(0, count, columns)]
     return [i for r, row in enumerate(rows) for i in (row[::-1] if r % 2 else row)]
 
@@ -110,7 +111,7 @@ class PatchbayMergeGrid(v3.Node):
     @classmethod
     def execute(cls, recipe: Any, x_param: str, x_values: str, y_param: str, y_values: str, positive: str,
             negative: str, latent_image: dict, seed: int, steps: int, cfg: float, sampler_name: str,
-            scheduler: str, merge_seed: int = 0, cache_mb: int = merge_runtime.DEFAULT_CACHE_MB,
+            scheduler: str, merge_seed: int = 0, cache_mb: int = runtime.DEFAULT_CACHE_MB,
             shape_policy: str = "overlap", missing_policy: str = "first", clip: Any = None, vae: Any = None,
             allow_large_grid: bool = False, architecture_policy: str = "refuse") -> io.NodeOutput:
         """The grid (see the module docstring); the node's text lists each variant's merge line (keys
@@ -125,9 +126,9 @@ class PatchbayMergeGrid(v3.Node):
         images, lines = [None] * len(cells), [""] * len(cells)
         texts = [f"# {', '.join(labels)}\n{recipe_to_text(variant)}" for labels, variant in cells]
         bar = comfy.utils.ProgressBar(len(cells))
-        slot: list = []  # the only reference to the previous variant's MODEL (merge_runtime.build_models)
+        slot: list = []  # the only reference to the previous variant's MODEL (runtime.build_models)
         order = snake_order(len(cells), len(x[1]))
-        keep = merge_runtime.cache_wants([cells[i][1] for i in order], **fields)
+        keep = runtime.cache_wants([cells[i][1] for i in order], **fields)
         try:
             for number, index in enumerate(order):
                 labels, variant = cells[index]
@@ -137,7 +138,7 @@ class PatchbayMergeGrid(v3.Node):
                     variant, cell_fields, slot, clip, vae, encoded, positive, negative, latent_image, seed,
                     steps, cfg, sampler_name, scheduler)
                 last_read = keep[number - 1] - keep[number] if keep and number else ()  # no later reader
-                merge_runtime.release(last_read)
+                runtime.release(last_read)
                 keep = None if whole else keep  # a new model per variant: every key merged each time
                 lines[index] = f"{', '.join(labels)}: {merged}"
                 bar.update_absolute(number + 1, len(cells))
@@ -159,7 +160,7 @@ class PatchbayMergeGrid(v3.Node):
         the merge built a text encoder or VAE too (then the next variant builds a new model)."""
         import nodes as comfy_nodes  # ComfyUI's nodes.py (loaded before any custom node)
 
-        model, merged_clip, merged_vae, lines = merge_runtime.merge_models(variant, reuse=slot, **fields)
+        model, merged_clip, merged_vae, lines = runtime.merge_models(variant, reuse=slot, **fields)
         whole = merged_clip is not None or merged_vae is not None
         slot[:] = [model]
         try:

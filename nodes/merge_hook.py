@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from comfy_api.latest import io
 
-from . import merge_runtime, v3
+from ..comfy_merge import runtime
+from . import v3
 from .merge_outputs import CACHE_MB, policy_input, seed_and_cache_inputs
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class PatchbayRecipeHook(v3.Node):
                 base: Any = None, prev_hooks: HookGroup | None = None,
                 hook_kf: HookKeyframeGroup | None = None,
                 architecture_policy: str = "refuse") -> io.NodeOutput:
-        return io.NodeOutput(merge_runtime.recipe_hook(recipe, base, strength_model, keyframes=hook_kf,
+        return io.NodeOutput(runtime.recipe_hook(recipe, base, strength_model, keyframes=hook_kf,
                                                        prev=prev_hooks, seed=merge_seed, cache_mb=cache_mb,
                                                        architecture_policy=architecture_policy))
 

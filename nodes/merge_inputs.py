@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 
 from comfy_api.latest import io
 
+from ..comfy_merge import files, graph_model
 from ..hooks.block_weights import BlockWeightError, parse_block_map
 from ..merge import blocks
 from ..merge import recipe as R
-from . import lora_files, merge_files, merge_graph, v3
+from . import lora_files, v3
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -31,13 +32,13 @@ class _FileInput(v3.Node):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        files = io.Combo.Input(cls.WIDGET, options=lora_files.names(cls.FOLDER), tooltip=cls.TIP)
-        return v3.schema(cls, category="Patchbay/merge/inputs", description=cls.ABOUT, inputs=[files],
+        widget = io.Combo.Input(cls.WIDGET, options=lora_files.names(cls.FOLDER), tooltip=cls.TIP)
+        return v3.schema(cls, category="Patchbay/merge/inputs", description=cls.ABOUT, inputs=[widget],
                          outputs=[v3.output(v3.RECIPE, "recipe", _RECIPE_OUT)])
 
     @classmethod
     def execute(cls, **widget: str) -> io.NodeOutput:
-        return io.NodeOutput(R.model(merge_files.model_path(cls.FOLDER, widget[cls.WIDGET]), space=cls.SPACE))
+        return io.NodeOutput(R.model(files.model_path(cls.FOLDER, widget[cls.WIDGET]), space=cls.SPACE))
 
     make = v3.v1_entry()
 
@@ -83,7 +84,7 @@ class PatchbayMergeModelInput(v3.Node):
 
     @classmethod
     def execute(cls, model: ModelPatcher) -> io.NodeOutput:
-        return io.NodeOutput(merge_graph.graph_model(model))
+        return io.NodeOutput(graph_model.graph_model(model))
 
     make = v3.v1_entry()
 

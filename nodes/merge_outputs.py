@@ -1,5 +1,5 @@
 """Where a recipe goes: Merge (MODEL, CLIP, VAE, no file), Save Merge, Extract LoRA, Merge LoRA Stack,
-and Clear Merge Cache. The work is in nodes/merge_runtime.py; data flow: docs/design-merge-nodes.md.
+and Clear Merge Cache. The work is in nodes/runtime.py; data flow: docs/design-merge-nodes.md.
 """
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from comfy_api.latest import io
 
+from ..comfy_merge import files, runtime
 from ..merge.io import ARCHITECTURE_POLICIES, OUT_DTYPES
 from ..merge.plan import MISSING_POLICIES, SHAPE_POLICIES
-from . import merge_files, merge_runtime, v3
+from . import v3
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 RECIPE = "PATCHBAY_RECIPE"
 CATEGORY = "Patchbay/merge"
-CACHE_MB = merge_runtime.DEFAULT_CACHE_MB
+CACHE_MB = runtime.DEFAULT_CACHE_MB
 _STRENGTH = {"default": 1.0, "min": -20.0, "max": 20.0, "step": 0.01}
 
 
@@ -58,14 +59,14 @@ def policy_input() -> io.Input:
 
 
 def _if_exists() -> io.Input:
-    return io.Combo.Input("if_exists", options=list(merge_files.IF_EXISTS),
+    return io.Combo.Input("if_exists", options=list(files.IF_EXISTS),
                           tooltip="When the file exists: number (a new name with _00001, ...), error, or "
                                   "overwrite.")
 
 
 def option_fields(merge_seed: int, cache_mb: int, shape_policy: str, missing_policy: str,
                   architecture_policy: str) -> dict[str, Any]:
-    """The merge options (merge_runtime.merge_run's fields) from the inputs every merging node shares
+    """The merge options (runtime.merge_run's fields) from the inputs every merging node shares
     (common_inputs, policy_input)."""
     return {"seed": merge_seed, "cache_mb": cache_mb, "shape_policy": shape_policy,
             "missing_policy": missing_policy, "architecture_policy": architecture_policy}
@@ -110,10 +111,20 @@ class PatchbayMerge(v3.Node):
 
 def _merge(recipe: Any, fields: dict[str, Any], node_id: str | None) -> io.NodeOutput:
     """The Merge node's outputs; warnings are shown under node ``node_id`` too (and logged)."""
-    model, clip, vae, lines = merge_runtime.merge_models(recipe, **fields)
+    model, clip, vae, lines = runtime.merge_models(recipe, **fields)
     if len(lines) > 1:
-        merge_runtime.show_in_node(node_id, "\n".join(lines))
+        show_in_node(node_id, "\n".join(lines))
     return io.NodeOutput(model, clip, vae, ui={"text": lines})
+
+
+def show_in_node(node_id: str | None, text: str) -> None:
+    """``text`` shown in node ``node_id`` of the frontend, through core's progress text (no extension
+    needed); nothing without a running server (tests in-process, scripts)."""
+    from server import PromptServer  # ComfyUI's
+
+    instance = getattr(PromptServer, "instance", None)
+    if instance is not None and node_id is not None:
+        instance.send_progress_text(text, node_id)
 
 
 class PatchbayMergeSave(v3.Node):
@@ -143,7 +154,7 @@ class PatchbayMergeSave(v3.Node):
                 merge_seed: int = 0, cache_mb: int = CACHE_MB, shape_policy: str = "overlap",
                 missing_policy: str = "first", architecture_policy: str = "refuse") -> io.NodeOutput:
         fields = option_fields(merge_seed, cache_mb, shape_policy, missing_policy, architecture_policy)
-        path, report = merge_runtime.save_merge(recipe, filename, if_exists, dtype=dtype, **fields)
+        path, report = runtime.save_merge(recipe, filename, if_exists, dtype=dtype, **fields)
         text = f"{path.name}: {report.keys} keys, {report.bytes_written / 2**20:.1f} MiB, {report.arch}"
         return io.NodeOutput(str(path), ui={"text": [text, *report.warnings]})
 
@@ -213,10 +224,10 @@ class PatchbayMergeExtractLora(v3.Node):
                 model: ModelPatcher | None = None, clip: CLIP | None = None, strength_model: float = 1.0,
                 strength_clip: float = 1.0, architecture_policy: str = "refuse") -> io.NodeOutput:
         size = {"rank": rank, "energy": None} if size_by == "rank" else {"rank": None, "energy": energy}
-        name, report = merge_runtime.extract(recipe, filename, if_exists, conv_rank=conv_rank or None,
+        name, report = runtime.extract(recipe, filename, if_exists, conv_rank=conv_rank or None,
                                              dtype=dtype, architecture_policy=architecture_policy, **size)
         if model is not None or clip is not None:
-            model, clip = merge_runtime.apply_lora(model, clip, name, strength_model, strength_clip)
+            model, clip = runtime.apply_lora(model, clip, name, strength_model, strength_clip)
         text = f"{name}: {report.modules} modules, mean relative error {report.mean_error:.4f}"
         return io.NodeOutput(model, clip, name, ui={"text": [text, *report.warnings]})
 
@@ -255,10 +266,10 @@ class PatchbayMergeLoraStack(v3.Node):
                 model: ModelPatcher | None = None, clip: CLIP | None = None, strength_model: float = 1.0,
                 strength_clip: float = 1.0) -> io.NodeOutput:
         size = {"rank": rank, "energy": None} if size_by == "rank" else {"rank": None, "energy": energy}
-        name, report = merge_runtime.merge_lora_stack(loras, lora_stack, filename, if_exists, dtype=dtype,
+        name, report = runtime.merge_lora_stack(loras, lora_stack, filename, if_exists, dtype=dtype,
                                                       **size)
         if model is not None or clip is not None:
-            model, clip = merge_runtime.apply_lora(model, clip, name, strength_model, strength_clip)
+            model, clip = runtime.apply_lora(model, clip, name, strength_model, strength_clip)
         lines = report.lines()
         text = "\n".join([*lines, *(f"{m.name}: rank {m.rank}/{m.full_rank}, error {m.error:.4f}"
                                     for m in report.modules.values())])
@@ -283,8 +294,8 @@ class PatchbayMergeCacheClear(v3.Node):
 
     @classmethod
     def execute(cls) -> io.NodeOutput:
-        before = merge_runtime.CACHE.stats()
-        merge_runtime.CACHE.clear()
+        before = runtime.CACHE.stats()
+        runtime.CACHE.clear()
         text = f"merge cache cleared: {before.entries} entries, {before.bytes / 2**20:.1f} MiB"
         return io.NodeOutput(ui={"text": [text]})
 

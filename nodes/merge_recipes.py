@@ -8,10 +8,11 @@ from typing import Any
 
 from comfy_api.latest import io
 
+from ..comfy_merge import files, runtime
 from ..merge import mecha_text
 from ..merge import recipe as R
 from ..merge.executable import models_arch
-from . import merge_files, merge_graph, merge_runtime, v3
+from . import v3
 
 RECIPE = "PATCHBAY_RECIPE"
 TEXTBOX = "(textbox)"
@@ -19,7 +20,7 @@ INPUT_SLOTS = 4
 EXAMPLE = ('version 0.1.0\nmodel "checkpoints/a.safetensors" merge_space="weight"\n'
            'model "checkpoints/b.safetensors" merge_space="weight"\nmerge "weighted_sum" &0 &1 alpha=0.5')
 
-merge_files.register_recipes_folder()
+files.register_recipes_folder()
 
 
 def parse_params(text: str) -> dict[str, Any]:
@@ -60,16 +61,15 @@ def recipe_from_text(text: str, inputs: list[Any], params_text: str = "") -> R.N
         raise ValueError(f"the recipe's parameter {unbound[0]!r} is not bound: add a line "
                          f"{unbound[0]}=<value> to params")
     for _, node in R.walk(root):
-        if isinstance(node, R.ModelNode) and not merge_graph.is_graph_path(node.path):
-            merge_files.model_file(node.path)
+        if isinstance(node, R.ModelNode) and not isinstance(node, R.SourceNode):
+            runtime.resolve(node.path)
     return root
 
 
 def recipe_to_text(recipe: R.Node, compact: bool = False) -> str:
     """``recipe`` as .mecha text, block maps in its models' block names; a graph MODEL gets a comment."""
-    text = mecha_text.dumps(recipe, arch=models_arch(recipe, resolve=merge_runtime.resolve), compact=compact)
-    graph = sorted({node.path for _, node in R.walk(recipe)
-                    if isinstance(node, R.ModelNode) and merge_graph.is_graph_path(node.path)})
+    text = mecha_text.dumps(recipe, arch=models_arch(recipe, resolve=runtime.resolve), compact=compact)
+    graph = sorted({node.path for _, node in R.walk(recipe) if isinstance(node, R.SourceNode)})
     notes = [f"# {path} is a MODEL of the ComfyUI graph: save it (Save Merge, CheckpointSave) and name the "
              f"file here to use this recipe elsewhere" for path in graph]
     return "\n".join([text.split("\n", 1)[0], *notes, *text.split("\n")[1:]]) if notes else text
@@ -93,7 +93,7 @@ class PatchbayMergeRecipeText(v3.Node):
             inputs=[
                 io.String.Input("text", multiline=True, default=EXAMPLE,
                                 tooltip=f".mecha text (version 0.1.0); used when recipe_file is {TEXTBOX}."),
-                io.Combo.Input("recipe_file", options=[TEXTBOX, *merge_files.recipe_names()],
+                io.Combo.Input("recipe_file", options=[TEXTBOX, *files.recipe_names()],
                                tooltip="A .mecha file of the recipes folder (models/recipes), or the "
                                        "textbox."),
                 io.String.Input("params", multiline=True, default="",
@@ -116,7 +116,7 @@ class PatchbayMergeRecipeText(v3.Node):
 
     @classmethod
     def execute(cls, text: str, recipe_file: str = TEXTBOX, params: str = "", **inputs: Any) -> io.NodeOutput:
-        source = text if recipe_file == TEXTBOX else merge_files.recipe_text(recipe_file)
+        source = text if recipe_file == TEXTBOX else files.recipe_text(recipe_file)
         slots = [inputs.get(f"input_{i}") for i in range(1, INPUT_SLOTS + 1)]
         return io.NodeOutput(recipe_from_text(source, slots, params))
 

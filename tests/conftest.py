@@ -121,7 +121,7 @@ def _memory_back_after_each_module():
     if arch_sampling is not None:
         arch_sampling.shared_model.cache_clear()
     for name, module in list(sys.modules.items()):
-        if name.endswith(".nodes.merge_runtime") and hasattr(module, "CACHE"):
+        if name.endswith(".comfy_merge.runtime") and hasattr(module, "CACHE"):
             module.CACHE.clear()
     gc.collect()
     _return_freed_memory()

@@ -101,7 +101,7 @@ def test_truncated_stack_is_within_the_reported_error_module_by_module(merge_lib
 
 def test_node_refuses_bad_lines_misspelt_names_and_paths_out_of_the_loras_folder(comfy, models):
     """The node's text: a misspelt name gets the nearest names, a path out of the folder is refused
-    (merge_files), a line that is no ``name: strength`` names its number; nothing is written."""
+    (comfy_merge/files.py), a line that is no ``name: strength`` names its number; nothing is written."""
     node = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayMergeLoraStack"]()
     folder = models.loras["patchbay-lora-r4"].parent
     before = sorted(folder.iterdir())

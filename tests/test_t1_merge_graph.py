@@ -100,6 +100,35 @@ def test_a_graph_model_enters_with_its_patches_and_stays_untouched(comfy, node, 
     assert weights_digest(core.a) == digest
 
 
+def test_an_unchanged_graph_model_is_served_from_the_merge_cache_and_a_patched_one_is_not(node, core, pack):
+    """Issue 32 item 4: a graph MODEL is a recipe leaf holding the model (no registry): the leaf made again
+    for the same model, or a clone of it (same weights, same patches), equals the first and merges from
+    the cache; the model with a LoRA applied is another input, computed anew."""
+    cache = pack.comfy_merge.runtime.CACHE
+    cache.clear()
+    (c,) = checkpoints(node, CKPT_C)
+
+    def merge(model):
+        (graph_input,) = node("PatchbayMergeModelInput").make(model)
+        (recipe,) = node("PatchbayMethodWeightedSum").build(a=graph_input, b=c, alpha=0.25)
+        before = cache.stats()
+        merged, _, _ = node("PatchbayMerge").merge(diffuser(node, recipe), cache_mb=1024)["result"]
+        after = cache.stats()
+        return graph_input, unet_weights(merged), after.hits - before.hits, after.misses - before.misses
+
+    leaf, first, _, computed = merge(core.a)
+    assert computed > 0
+    for same in (core.a, core.a.clone()):
+        again, weights, hits, recomputed = merge(same)
+        assert again == leaf and hash(again) == hash(leaf) and (hits, recomputed) == (computed, 0)
+        assert all(torch.equal(weights[k], first[k]) for k in first)
+    lora_model, _ = core.n["LoraLoader"]().load_lora(core.a, core.clip, "patchbay-lora-r4.safetensors", 1.0,
+                                                     1.0)
+    other, _, hits, recomputed = merge(lora_model)
+    assert other != leaf and other.path != leaf.path and (hits, recomputed) == (0, computed)
+    cache.clear()
+
+
 def test_save_writes_the_bytes_the_command_line_writes_for_the_same_recipe(merge_library, node, models,
                                                                          tmp_path):
     cli = merge_library.cli
@@ -182,7 +211,7 @@ def test_an_extracted_lora_through_loraloader_reproduces_the_merge_within_the_tr
 
 
 def test_a_rerun_with_one_block_changed_recomputes_only_that_blocks_keys(node, pack):
-    cache = pack.nodes.merge_runtime.CACHE
+    cache = pack.comfy_merge.runtime.CACHE
     cache.clear()
     a, b = checkpoints(node, CKPT_A, CKPT_B)
     widgets = [w for w, _ in pack.nodes.merge_inputs.PatchbayMergeBlockWeightsSD15.widgets()]
@@ -215,7 +244,7 @@ def test_an_interrupt_stops_a_save_within_a_second_leaving_no_file_and_the_cache
     from comfy import model_management as mm
     from comfy import utils as comfy_utils
 
-    cache = pack.nodes.merge_runtime.CACHE
+    cache = pack.comfy_merge.runtime.CACHE
     cache.clear()
     a, b = checkpoints(node, CKPT_A, CKPT_B)
     (recipe,) = node("PatchbayMethodWeightedSum").build(a=a, b=b, alpha=0.4)

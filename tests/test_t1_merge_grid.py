@@ -101,10 +101,10 @@ def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env, monkeypatch):
     """Three maps: the second changes the OUT blocks, the third puts them back and changes the IN blocks.
     Each variant merges only the keys whose values changed (the others stay in the model); the third
     takes its OUT keys from the merge cache, and those are the only results the grid copies into the
-    cache (merge_runtime.cache_wants: a result no later variant reads is not kept), dropped after the third
-    read them. The images equal the same grid without a cache."""
+    cache (comfy_merge/runtime.cache_wants: a result no later variant reads is not kept), dropped after the
+    third read them. The images equal the same grid without a cache."""
 
-    cache = importlib.import_module(env.grid.__name__.rsplit(".", 1)[0] + ".merge_runtime").CACHE
+    cache = importlib.import_module(env.grid.__name__.rsplit(".", 2)[0] + ".comfy_merge.runtime").CACHE
     puts, reads = [], []
     put_copy, get = cache.put_copy, cache.get
     monkeypatch.setattr(cache, "put_copy",
@@ -163,7 +163,7 @@ def test_a_y_axis_makes_rows(env):
     ("", "0.5", "alpha", "0.2", r"x_param is empty"),
 ])
 def test_bad_axes_are_refused_before_anything_merges(env, x_param, x_values, y_param, y_values, needle):
-    cache = importlib.import_module(env.grid.__name__.rsplit(".", 1)[0] + ".merge_runtime").CACHE
+    cache = importlib.import_module(env.grid.__name__.rsplit(".", 2)[0] + ".comfy_merge.runtime").CACHE
     before = cache.stats()
     with pytest.raises(ValueError, match=needle):
         run_grid(env, weighted_sum(env, 0.5), x_param, x_values, y_param, y_values)

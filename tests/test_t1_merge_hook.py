@@ -99,7 +99,7 @@ def test_a_masked_recipe_hook_runs_on_fast_hooks_as_on_cores_path(rig):
 
 
 def test_deltas_are_merged_when_sampling_needs_them_and_kept_in_the_merge_cache(rig):
-    runtime = rig.comfy.pack.nodes.merge_runtime
+    runtime = rig.comfy.pack.comfy_merge.runtime
     recipe, base = rig.merge()
     runtime.CACHE.clear()
     hooks = rig.recipe_hook(recipe, base, cache_mb=1024)

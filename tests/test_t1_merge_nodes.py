@@ -233,6 +233,21 @@ def test_recipe_to_text_prints_what_recipe_text_reads_back(comfy, node, pack):
     assert node("PatchbayMergeModelInput").make(loaded)[0].path == graph_input.path  # one token per model
 
 
+def test_a_graph_model_named_in_a_recipe_text_is_refused_with_the_fix(comfy, node):
+    """Issue 32 item 4: only a recipe built in the graph holds a graph MODEL (no registry decodes its
+    name): the text Recipe to Text prints for one, read back, is refused before any merge, saying what
+    to do."""
+    loaded, _, _ = comfy.nodes.CheckpointLoaderSimple().load_checkpoint(CKPT_A)
+    (graph_input,) = node("PatchbayMergeModelInput").make(loaded)
+    (with_graph,) = node("PatchbayMethodWeightedSum").build(a=graph_input, b=ckpt(node, CKPT_B), alpha=0.5)
+    (text,) = node("PatchbayMergeRecipeToText").show(with_graph, "sd-mecha")["result"]
+    assert f'model "{graph_input.path}"' in text
+    refused = (r"recipe input 'graph:model-[0-9a-f]{12}': no MODEL of this graph has that name .*connect the "
+               r"model to a Merge Model Input node, or save it and use checkpoints/<name>")
+    with pytest.raises(ValueError, match=refused):
+        node("PatchbayMergeRecipeText").make(text, "(textbox)", "")
+
+
 @pytest.mark.parametrize(("path", "message"), [
     ("/etc/passwd", "absolute paths are not allowed"),
     ("C:\\models\\a.safetensors", "absolute paths are not allowed"),
@@ -244,7 +259,7 @@ def test_recipe_to_text_prints_what_recipe_text_reads_back(comfy, node, pack):
 ])
 def test_recipe_paths_outside_the_model_folders_are_refused(pack, path, message):
     with pytest.raises(ValueError, match=message):
-        pack.nodes.merge_runtime.resolve(path)
+        pack.comfy_merge.runtime.resolve(path)
 
 
 def test_a_symlink_leading_out_of_the_model_folders_is_refused(comfy, pack, tmp_path, models):
@@ -258,9 +273,9 @@ def test_a_symlink_leading_out_of_the_model_folders_is_refused(comfy, pack, tmp_
     try:
         comfy.folder_paths.filename_list_cache.pop("checkpoints", None)
         with pytest.raises(ValueError, match="leads to .*elsewhere/secret.safetensors, outside the checkpo"):
-            pack.nodes.merge_runtime.resolve("checkpoints/linked.safetensors")
+            pack.comfy_merge.runtime.resolve("checkpoints/linked.safetensors")
         # a link to a file inside another checkpoints folder is fine (models folders are often linked)
-        assert pack.nodes.merge_runtime.resolve("checkpoints/inside.safetensors") == \
+        assert pack.comfy_merge.runtime.resolve("checkpoints/inside.safetensors") == \
             models.checkpoints["patchbay-sd15-tiny-b"].resolve()
     finally:
         comfy.folder_paths.folder_names_and_paths["checkpoints"][0].remove(str(folder))
@@ -275,7 +290,7 @@ def test_a_symlink_leading_out_of_the_model_folders_is_refused(comfy, pack, tmp_
 ])
 def test_a_misspelt_folder_or_subfolder_is_refused_never_skipped_over(pack, path, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("?", r"\?")):
-        pack.nodes.merge_runtime.resolve(path)
+        pack.comfy_merge.runtime.resolve(path)
 
 
 def test_a_file_in_a_subfolder_is_found_by_its_exact_path_and_a_near_miss_is_named(comfy, pack, tmp_path,
@@ -286,11 +301,11 @@ def test_a_file_in_a_subfolder_is_found_by_its_exact_path_and_a_near_miss_is_nam
     comfy.folder_paths.add_model_folder_path("checkpoints", str(folder))
     try:
         comfy.folder_paths.filename_list_cache.pop("checkpoints", None)
-        assert pack.nodes.merge_runtime.resolve("checkpoints/sd15/inside.safetensors") == \
+        assert pack.comfy_merge.runtime.resolve("checkpoints/sd15/inside.safetensors") == \
             models.checkpoints["patchbay-sd15-tiny-b"].resolve()
         with pytest.raises(ValueError, match=r"checkpoints has no 'sd51/inside.safetensors'; did you mean "
                                              r"'sd15/inside.safetensors'"):
-            pack.nodes.merge_runtime.resolve("checkpoints/sd51/inside.safetensors")
+            pack.comfy_merge.runtime.resolve("checkpoints/sd51/inside.safetensors")
     finally:
         comfy.folder_paths.folder_names_and_paths["checkpoints"][0].remove(str(folder))
         comfy.folder_paths.filename_list_cache.pop("checkpoints", None)
@@ -300,7 +315,7 @@ def test_an_output_name_through_a_link_out_of_its_folder_makes_no_folder_anywher
                                                                                   monkeypatch):
     """Issue 30 item 2: output/evil-out links elsewhere; evil-out/newsub/esc is refused, and no newsub is
     made in that other directory (it was made first and checked after)."""
-    files = pack.nodes.merge_files
+    files = pack.comfy_merge.files
     loras = tmp_path / "loras"
     loras.mkdir()
     monkeypatch.setitem(comfy.folder_paths.folder_names_and_paths, "loras",
@@ -321,7 +336,7 @@ def test_an_output_name_through_a_link_out_of_its_folder_makes_no_folder_anywher
 
 @pytest.mark.parametrize("name", ["/tmp/evil", "../evil", "checkpoints/../../evil", "C:\\evil"])
 def test_save_and_extract_names_outside_their_folders_are_refused(comfy, pack, name):
-    files = pack.nodes.merge_files
+    files = pack.comfy_merge.files
     before = sorted(os.listdir(comfy.folder_paths.get_output_directory()))
     for target in (files.output_file, files.lora_file):
         with pytest.raises(ValueError, match="not allowed"):

@@ -1,17 +1,17 @@
 """Files the merge nodes read and write, all inside ComfyUI's folders, so a workflow someone shares cannot
-make the nodes read or write anything else.
+make the nodes read or write anything else; a file by name in a ComfyUI folder with a did-you-mean
+(``resolve``), which the LoRA nodes share (nodes/lora_files.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
 
 import folder_paths
 
 from ..merge.names import nearest, suggestion
-from . import lora_files
 
 FOLDERS = {"checkpoints": "checkpoints", "diffusion_models": "diffusion_models", "unet": "diffusion_models",
            "loras": "loras"}
@@ -19,6 +19,34 @@ SEARCH_ORDER = ("checkpoints", "diffusion_models", "loras")
 MODEL_EXTENSIONS = (".safetensors", ".sft")
 RECIPES = "recipes"
 IF_EXISTS = ("number", "error", "overwrite")
+
+
+class UnknownFileError(ValueError):
+    """A file name not found in its ComfyUI folder; the message lists the nearest names."""
+
+
+def names(folder: str) -> list[str]:
+    return folder_paths.get_filename_list(folder)
+
+
+def resolve(name: str, folder: str = "loras") -> tuple[str, str]:
+    """(file name as listed, full path) for ``name``; the extension and the subfolder may be left out.
+
+    Raises UnknownFileError with the three nearest names in the folder.
+    """
+    names = folder_paths.get_filename_list(folder)
+    wanted = name.strip().replace("\\", "/")
+    if wanted in names:
+        return wanted, folder_paths.get_full_path_or_raise(folder, wanted)
+    stems = {PurePath(n).stem.lower(): n for n in names}
+    stem = PurePath(wanted).stem.lower()
+    if stem in stems:
+        found = stems[stem]
+        return found, folder_paths.get_full_path_or_raise(folder, found)
+    near = nearest(stem, stems, cutoff=0.4)
+    hint = suggestion([stems[n] for n in near]) if near else \
+        f"the {folder} folder holds {len(names)} file(s); put the file there or fix the name."
+    raise UnknownFileError(f"no {folder[:-1] if folder.endswith('s') else folder} named {name!r}; {hint}")
 
 
 class MergePathError(ValueError):
@@ -78,9 +106,9 @@ def model_file(path: str) -> Path:
         raise MergePathError(f"model {path!r}: not in {', '.join(SEARCH_ORDER)}: {parts[0]!r} is no model "
                              f"folder, and no {'/'.join(parts[:-1])} subfolder of one holds {parts[-1]}; "
                              f"{fix}")
-    try:  # a near miss gets lora_files' did-you-mean for the checkpoints folder
-        lora_files.resolve(name, "checkpoints")
-    except lora_files.UnknownFileError as error:
+    try:  # a near miss gets resolve's did-you-mean for the checkpoints folder
+        resolve(name, "checkpoints")
+    except UnknownFileError as error:
         raise MergePathError(f"model {path!r}: not in {', '.join(SEARCH_ORDER)} ({error}); write "
                              f"<folder>/<name>, e.g. checkpoints/{parts[-1]}") from None
     return _checked("checkpoints", name, path)
@@ -96,8 +124,8 @@ def _checked(folder: str, name: str, path: str) -> Path:
         fix = suggestion(near) or f"no {name.rsplit('/', 1)[0]} subfolder of {folder} holds that file"
         raise MergePathError(f"model {path!r}: {folder} has no {name!r}; {fix}")
     try:
-        found, full = lora_files.resolve(name, folder)
-    except lora_files.UnknownFileError as error:
+        found, full = resolve(name, folder)
+    except UnknownFileError as error:
         raise MergePathError(f"model {path!r}: {error}") from None
     if not found.lower().endswith(MODEL_EXTENSIONS):
         raise MergePathError(f"model {path!r} is {found}: only .safetensors files are read; convert it")
@@ -106,7 +134,7 @@ def _checked(folder: str, name: str, path: str) -> Path:
 
 def _listed(folder: str) -> set[str]:
     """The names ComfyUI lists in ``folder``, with ``/`` between subfolders on every system."""
-    return {n.replace(os.sep, "/") for n in lora_files.names(folder)}
+    return {n.replace(os.sep, "/") for n in names(folder)}
 
 
 def inside(file: Path, roots: list[str], what: str, folder: str) -> Path:
@@ -154,15 +182,15 @@ def _target(filename: str, root: str, folder: str, if_exists: str) -> Path:
 
 
 def recipe_names() -> list[str]:
-    return lora_files.names(RECIPES)
+    return names(RECIPES)
 
 
 def recipe_text(name: str) -> str:
     """The text of recipe file ``name`` of the recipes folder (UTF-8; a binary file is refused by name)."""
     relative_parts(name, "recipe file")
     try:
-        _, full = lora_files.resolve(name, RECIPES)
-    except lora_files.UnknownFileError as error:
+        _, full = resolve(name, RECIPES)
+    except UnknownFileError as error:
         raise MergePathError(f"recipe file {name!r}: {error}") from None
     real = inside(Path(full), folder_paths.get_folder_paths(RECIPES), f"recipe file {name!r}", RECIPES)
     try:

@@ -1,6 +1,6 @@
 """The merge engine inside ComfyUI: its options with ComfyUI's interrupt and progress bar, the
 process-wide merge cache, the resolver of recipe paths, and a recipe built into MODEL, CLIP, VAE.
-Data flow: docs/design-merge-nodes.md.
+Data flow: docs/architecture.md (One merge, end to end) and docs/design-merge-nodes.md.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from ..merge.cache import MergeCache
 from ..merge.checks import NonFiniteError
 from ..merge.extract import ExtractOptions
 from ..merge.plan import MergeOptions, MergeRuntime
-from ..merge.sources import MemorySource
-from . import merge_files, merge_graph
+from . import files, graph_model
 
 if TYPE_CHECKING:
     from ..merge.session import MergeSession
@@ -48,12 +47,11 @@ class MergeValueError(ValueError):
     """A merge whose values cannot be used (inf or NaN); the message names the key and the fix."""
 
 
-def resolve(path: str) -> Path | MemorySource:
-    """A recipe's model ``path`` -> a checked file (merge_files: folders, security), or the graph MODEL it
-    names (merge_graph)."""
-    if merge_graph.is_graph_path(path):
-        return merge_graph.graph_source(path)
-    return merge_files.model_file(path)
+def resolve(path: str) -> Path:
+    """A recipe's model ``path`` -> a checked file (files.py: folders, security). A graph MODEL is a
+    recipe leaf of its own (graph_model.py), never a path: a path naming one is refused with the fix."""
+    graph_model.refuse_graph_name(path)
+    return files.model_file(path)
 
 
 def use_cache(cache_mb: float) -> MergeCache | None:
@@ -261,22 +259,12 @@ def save_merge(recipe: object, filename: str, if_exists: str, **fields: Any) -> 
     """The Save node: ``recipe`` streamed into a checkpoint under the output folder; (path, report)."""
     from ..merge.execute import merge
 
-    path = merge_files.output_file(filename, if_exists)
+    path = files.output_file(filename, if_exists)
     with _stopped_on_nonfinite("Save Merge"):
         report = merge(recipe, path, *merge_run(overwrite=if_exists == "overwrite", **fields))
     for warning in report.warnings:
         LOG.warning("Save Merge (Patchbay): %s", warning)
     return path, report
-
-
-def show_in_node(node_id: str | None, text: str) -> None:
-    """``text`` shown in node ``node_id`` of the frontend, through core's progress text (no extension
-    needed); nothing without a running server (tests in-process, scripts)."""
-    from server import PromptServer  # ComfyUI's
-
-    instance = getattr(PromptServer, "instance", None)
-    if instance is not None and node_id is not None:
-        instance.send_progress_text(text, node_id)
 
 
 @contextlib.contextmanager
@@ -296,7 +284,7 @@ def extract(recipe: object, filename: str, if_exists: str, **fields: Any) -> tup
     """The Extract LoRA node: (the LoRA's name in the loras list, report); the list is refreshed."""
     from ..merge.extract import extract_lora
 
-    path = merge_files.lora_file(filename, if_exists)
+    path = files.lora_file(filename, if_exists)
     options = ExtractOptions(overwrite=if_exists == "overwrite", **fields)
     report = extract_lora(recipe, path, options, node_runtime())
     return _listed_lora(path), report
@@ -309,7 +297,7 @@ def merge_lora_stack(text: str, stack: Any, filename: str, if_exists: str, **fie
     from ..merge import stack_to_lora as lora_stack
 
     entries = [*_text_entries(text), *_stack_entries(stack)]
-    path = merge_files.lora_file(filename, if_exists)
+    path = files.lora_file(filename, if_exists)
     options = lora_stack.StackOptions(overwrite=if_exists == "overwrite", **fields)
     return _listed_lora(path), lora_stack.merge_lora_stack(entries, path, options, node_runtime())
 
@@ -332,7 +320,7 @@ def _text_entries(text: str) -> list[Any]:
             raise StackError(f"LoRA line {number} {line.strip()!r}: write name.safetensors: strength[, clip "
                              f"strength] [| block map], e.g. ink.safetensors: 0.8 | OUT*=0, default=1")
         block_map = parse_block_map(blocks) if blocks.strip() else None
-        path = merge_files.model_file(f"loras/{name.strip()}")
+        path = files.model_file(f"loras/{name.strip()}")
         entries.append(StackEntry(path, *strengths, blocks=block_map))
     return entries
 
@@ -341,7 +329,7 @@ def _stack_entries(stack: Any) -> list[Any]:
     from ..hooks.lora_stack import stack_entries
     from ..merge.stack_to_lora import StackEntry
 
-    return [StackEntry(merge_files.model_file(f"loras/{e.name}"), e.strength_model, e.strength_clip)
+    return [StackEntry(files.model_file(f"loras/{e.name}"), e.strength_model, e.strength_clip)
             for e in stack_entries(stack)]
 
 
@@ -370,7 +358,7 @@ def recipe_hook(recipe: object, base: object | None, strength_model: float, *, k
     options, runtime = merge_run(dtype="fp32", seed=seed, cache_mb=cache_mb,
                                  architecture_policy=architecture_policy)
     deltas = RecipeDeltas(delta_recipe(recipe, base), options, runtime)
-    shapes = {merge_graph.comfy_key(key): shape for key, shape in deltas.shapes.items()
+    shapes = {graph_model.comfy_key(key): shape for key, shape in deltas.shapes.items()
               if key.startswith(UNET)}
     if not shapes:
         raise MergeBuildError(f"recipe hook: the recipe ({deltas.arch}) has no diffusion-model weight, so "
@@ -378,5 +366,5 @@ def recipe_hook(recipe: object, base: object | None, strength_model: float, *, k
                               f"diffusion models")
 
     def fetch(key: str) -> torch.Tensor | None:
-        return deltas.delta(merge_graph.canonical_key(key))
+        return deltas.delta(graph_model.canonical_key(key))
     return make_hook(fetch, shapes, strength_model, keyframes, prev, name="recipe hook")
