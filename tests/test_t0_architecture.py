@@ -1,9 +1,11 @@
-"""T0: the dependency arrows (docs/architecture.md), relative imports, no import cycles, no monkeypatching.
+"""T0: the dependency arrows (docs/architecture.md), relative imports, no import cycles, no monkeypatching,
+and nodes/ holding node classes only.
 
-    __init__ -> nodes -> {hooks, patcher, merge} -> comfy
-    hooks -> patcher (allowed)      patcher -X-> hooks, merge, nodes
-    merge   -X-> nodes, hooks, patcher, comfy, folder_paths
-    folder_paths, server and core `nodes` are imported only from nodes/
+    __init__ -> nodes -> {comfy_merge, hooks, patcher, merge} -> comfy
+    comfy_merge -> merge, hooks (allowed)   comfy_merge -X-> nodes, patcher
+    hooks -> patcher (allowed)      patcher -X-> hooks, merge, nodes, comfy_merge
+    merge   -X-> nodes, comfy_merge, hooks, patcher, comfy, folder_paths
+    folder_paths is imported only from nodes/ and comfy_merge/; server and core `nodes` only from nodes/
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ import pytest
 pytestmark = pytest.mark.t0
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nodes", "hooks", "patcher", "merge")
+PACKAGES = ("nodes", "comfy_merge", "hooks", "patcher", "merge")
 COMFY_TOP = {"comfy", "comfy_extras", "comfy_api", "comfy_execution", "folder_paths", "server", "nodes",
              "node_helpers", "latent_preview", "execution", "app"}
 FORBIDDEN = {
-    "hooks": {"nodes", "merge", "folder_paths", "server", "core nodes"},
-    "patcher": {"nodes", "hooks", "merge", "folder_paths", "server", "core nodes"},
-    "merge": {"nodes", "hooks", "patcher", "comfy", "comfy_extras", "comfy_api", "folder_paths", "server",
-              "core nodes"},
+    "comfy_merge": {"nodes", "patcher", "server", "core nodes"},
+    "hooks": {"nodes", "comfy_merge", "merge", "folder_paths", "server", "core nodes"},
+    "patcher": {"nodes", "comfy_merge", "hooks", "merge", "folder_paths", "server", "core nodes"},
+    "merge": {"nodes", "comfy_merge", "hooks", "patcher", "comfy", "comfy_extras", "comfy_api",
+              "folder_paths", "server", "core nodes"},
 }
+CORE_MODULES_FROM = {"nodes": {"folder_paths", "server", "core nodes"}, "comfy_merge": {"folder_paths"}}
 
 
 def pack_files() -> list[Path]:
@@ -84,12 +88,13 @@ def _is_relative_line(path: Path, line: int) -> bool:
 
 
 def test_core_modules_only_from_nodes():
+    """server and core ``nodes`` from nodes/ only; folder_paths from nodes/ and comfy_merge/ (the merge
+    nodes' adapters: files inside ComfyUI's folders)."""
     for path in pack_files():
-        owner = path.relative_to(ROOT).parts[0]
-        if owner == "nodes":
-            continue
+        allowed = CORE_MODULES_FROM.get(path.relative_to(ROOT).parts[0], set())
         for line, target in imported_targets(path):
-            assert target not in {"folder_paths", "server", "core nodes"}, f"{path}:{line} imports {target}"
+            assert target not in {"folder_paths", "server", "core nodes"} - allowed, \
+                f"{path}:{line} imports {target}"
 
 
 PATCHED_TOPS = {"comfy", "comfy_extras", "comfy_api", "torch", "folder_paths", "nodes"}
@@ -298,3 +303,48 @@ def test_library_packages_share_no_module_name():
                 owners.setdefault(path.stem, []).append(path.relative_to(ROOT).as_posix())
     shared = {name: paths for name, paths in owners.items() if len(paths) > 1}
     assert not shared, f"rename one of each: {shared}"
+
+
+NODE_HELPERS = {"__init__", "v3", "search_terms", "lora_files"}  # registration, V3 conventions, search words,
+# and the LoRA-reading nodes' base class with the files it keeps per node
+
+
+def defines_nodes(path: Path) -> bool:
+    """Whether ``path`` ends with the one registration path, a top-level ``NODES`` list: of classes it
+    defines when the list is written out (merge_methods.py generates its classes)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "NODES" for t in targets):
+            if not isinstance(node.value, ast.List):
+                return True
+            return bool(node.value.elts) and all(isinstance(e, ast.Name) and e.id in classes
+                                                 for e in node.value.elts)
+    return False
+
+
+def test_nodes_holds_node_classes_only():
+    """Issue 32 item 4: every module of nodes/ but its helpers (``NODE_HELPERS``) defines nodes; the merge
+    nodes' ComfyUI adapters (resolver, progress, interrupt, cache, state-dict writing, tensor work) are
+    comfy_merge/'s, which never imports nodes/."""
+    others = sorted(p.name for p in (ROOT / "nodes").glob("*.py")
+                    if p.stem not in NODE_HELPERS and not defines_nodes(p))
+    assert others == [], f"nodes/ holds node classes only: move {others} to a library or comfy_merge/"
+    assert {p.stem for p in (ROOT / "nodes").glob("*.py")} >= NODE_HELPERS - {"lora_files"}
+
+
+def test_node_check_and_adapter_arrows_catch_their_breaks(tmp_path):
+    """The checks themselves: a module of helpers without NODES is reported, a written-out NODES of a class
+    from elsewhere too; a comfy_merge/ module importing nodes/ or the patcher is refused."""
+    (tmp_path / "helpers.py").write_text("def resolve(path):\n    return path\n")
+    (tmp_path / "borrowed.py").write_text("from .other import Node\nNODES = [Node]\n")
+    (tmp_path / "real.py").write_text("class Node:\n    pass\n\n\nNODES = [Node]\n")
+    found = [defines_nodes(tmp_path / f"{name}.py") for name in ("helpers", "borrowed", "real")]
+    assert found == [False, False, True]
+    (tmp_path / "comfy_merge").mkdir()
+    adapter = tmp_path / "comfy_merge" / "bad.py"
+    adapter.write_text("from ..nodes import v3\nfrom ..patcher import registry\nfrom ..merge import recipe\n"
+                       "import folder_paths\nimport server\n")
+    targets = {t for _, t in imported_targets(adapter, root=tmp_path)}
+    assert targets & FORBIDDEN["comfy_merge"] == {"nodes", "patcher", "server"}
