@@ -2,7 +2,7 @@
 # `make test`: every test tier on the first ComfyUI version given, t1-t3 on the others (t0 imports no
 # ComfyUI, so it runs once, as do the tests marked ``once``, which say why), in two phases:
 #
-#   1. serial setup: each version's environment (devtools/env.sh --browser), ruff once, the tiny
+#   1. setup: each version's environment (devtools/env.sh; side by side), ruff once, the tiny
 #      models (generated once into .cache/models, then reused by every version)
 #   2. in-process phase: t1 of each version, one pytest each. Side by
 #      side only on a machine with two cores and 16 GB of RAM per version (each then gets
@@ -35,11 +35,18 @@ jobs=${PATCHBAY_TEST_JOBS:-$fit}
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "PATCHBAY_TEST_JOBS=$jobs: give a positive integer" >&2; exit 2; }
 read -r -a pytest_args <<< "${PYTEST_ARGS:-}"
 
-declare -A env_dir
+declare -A env_dir env_pid
+env_out="$(mktemp -d)"
+for version in "${versions[@]}"; do  # side by side: unpacking wheels keeps one core busy each
+    browser=""; [ "$version" = "${versions[0]}" ] && browser=--browser  # one apt-get at a time
+    devtools/env.sh --comfyui "$version" $browser > "$env_out/$version" &
+    env_pid[$version]=$!
+done
 for version in "${versions[@]}"; do
-    env_dir[$version]="$(devtools/env.sh --comfyui "$version" --browser)" \
+    wait "${env_pid[$version]}" && env_dir[$version]="$(cat "$env_out/$version")" \
         || { echo "make test: no environment for ComfyUI $version (see above)"; exit 1; }
 done
+rm -rf "$env_out"
 first="${versions[0]}"
 logs=".cache/test-logs"
 labels="$logs/memory-labels"
