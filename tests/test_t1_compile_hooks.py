@@ -1,4 +1,5 @@
-"""T1: Fast Hooks on a model compiled by ComfyUI's TorchCompileModel node (inductor, CPU).
+"""T1: Fast Hooks on a model compiled by ComfyUI's TorchCompileModel node (CPU; inductor on one ComfyUI
+version, dynamo's eager backend on the others: the ``compile_backend`` fixture).
 
 The same TorchCompileModel patcher first samples without hooks, so core's plain graphs exist before
 any hook does (the case where dynamo would run a graph without a forward hook added later). Then
@@ -50,14 +51,15 @@ def graphs() -> int:
 
 
 class Rig:
-    def __init__(self, comfy):
+    def __init__(self, comfy, backend: str):
         self.n = n = comfy.nodes.NODE_CLASS_MAPPINGS
         self.he = comfy.pack.hooks.enable
         self.model, clip, _vae = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
         texts = ("a knight in armor", "blurry", "a red castle", "a green forest")
         self.pos, self.neg, self.left, self.right = (n["CLIPTextEncode"]().encode(clip, t)[0] for t in texts)
         (self.latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
-        self.compiled = n["TorchCompileModel"].execute(with_pytorch_attention(self.model), "inductor")[0]
+        self.backend = backend
+        self.compiled = n["TorchCompileModel"].execute(with_pytorch_attention(self.model), backend)[0]
         self.fast = self.he.enable_hook_engine(self.compiled)  # Fast Hooks after TorchCompileModel
         self.eager = self.he.enable_hook_engine(self.model)
 
@@ -95,11 +97,11 @@ class Rig:
 
 
 @pytest.fixture(scope="module")
-def rig(comfy):
+def rig(comfy, compile_backend):
     import comfy.model_management as mm
 
     torch._dynamo.reset()
-    rig = Rig(comfy)
+    rig = Rig(comfy, compile_backend)
     rig.plain = rig.sample(rig.model)
     (lora,) = rig.n["LoraLoaderModelOnly"]().load_lora_model_only(rig.model, LORA_A, 1.0)
     # before compiling: unpatching leaves requires_grad=False weights, which an earlier graph guards on
@@ -186,7 +188,7 @@ def test_torch_compile_model_on_the_fast_hooks_model_reuses_the_hooked_graph(rig
     """TorchCompileModel after Fast Hooks (here: run again on the Fast Hooks model, a new compiled
     module): core's wrapper nests outside the engine's (else core's plain graph would run, without
     the LoRA), and the hooked graph is reused (one twin per compiled module and settings)."""
-    again = rig.n["TorchCompileModel"].execute(rig.fast, "inductor")[0]
+    again = rig.n["TorchCompileModel"].execute(rig.fast, rig.backend)[0]
     before = graphs()
     out = rig.sample(again, *rig.everywhere(rig.hook_a))
     assert graphs() == before, "a new TorchCompileModel on the same model compiled the hooked graph again"

@@ -460,10 +460,13 @@ ARCH_BLOCK_CASES = [
 ]
 
 
+@pytest.mark.once
 @pytest.mark.parametrize(("arch", "lora", "zeroed", "prefixes"), ARCH_BLOCK_CASES,
                          ids=[case[1].removesuffix(".safetensors") for case in ARCH_BLOCK_CASES])
 def test_block_weights_on_sdxl_and_flux_loras_equal_the_file_without_those_blocks(
         rig, arch, lora, zeroed, prefixes):
+    """Run once: which keys a block map zeroes is the pack's (hooks/block_weights.py); both sides load the
+    LoRA through the same ComfyUI, and its key mapping per version is test_t1_hook_engine_families'."""
     import arch_sampling
     import comfy.sd
 

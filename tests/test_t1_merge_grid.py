@@ -97,12 +97,15 @@ def test_every_cell_is_the_variant_merged_and_sampled_alone(env, monkeypatch):
     assert (band < 0.5).any(), "no label drawn above the first cell"
 
 
+@pytest.mark.once
 def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env, monkeypatch):
     """Three maps: the second changes the OUT blocks, the third puts them back and changes the IN blocks.
     Each variant merges only the keys whose values changed (the others stay in the model); the third
     takes its OUT keys from the merge cache, and those are the only results the grid copies into the
     cache (comfy_merge/runtime.cache_wants: a result no later variant reads is not kept), dropped after the
-    third read them. The images equal the same grid without a cache."""
+    third read them. The images equal the same grid without a cache. Run once: the cache's bookkeeping
+    is the pack's; each variant sampled through this version's KSampler is the first test's, run on
+    every version."""
 
     cache = importlib.import_module(env.grid.__name__.rsplit(".", 2)[0] + ".comfy_merge.runtime").CACHE
     puts, reads = [], []
@@ -134,9 +137,11 @@ def test_a_block_map_axis_recomputes_only_the_keys_it_changes(env, monkeypatch):
     env.node("PatchbayMergeCacheClear").clear()
 
 
+@pytest.mark.once
 def test_a_y_axis_makes_rows(env):
     """x and y set parameters of two methods; one x value and two y values: a column of two rows
-    (columns are the first test's), labelled x then y, each cell its variant alone."""
+    (columns are the first test's), labelled x then y, each cell its variant alone. Run once: the grid's
+    layout is the pack's; sampling each cell on this version is the first test's, run on every version."""
     a, b = env.a, env.b
     inner = env.node("PatchbayMethodWeightedSum").build(a=a, b=b, alpha=0.5)[0]
     recipe = diffuser(env, env.node("PatchbayMethodAddDifference").build(
