@@ -390,10 +390,13 @@ def _opposed(terms: list[_Term]) -> tuple[tuple[int, int, float], ...]:
 
 
 def _inner(a: _Term, b: _Term) -> float:
-    """Frobenius inner product of two terms' deltas, from their factors when both have them."""
+    """Frobenius inner product of two terms' deltas, from their factors when both have them, in float64
+    (in fp32 a LoRA against itself at another strength came out at cosines like -0.999998, depending
+    on the threads' summation order)."""
+    a_up, b_up = a.up.double(), b.up.double()
     if a.down is not None and b.down is not None:
-        return float(((a.up.T @ b.up) * (a.down @ b.down.T)).sum())
+        return float(((a_up.T @ b_up) * (a.down.double() @ b.down.double().T)).sum())
     if a.down is None and b.down is None:
-        return float((a.up * b.up).sum())
-    full, low = (a, b) if a.down is None else (b, a)
-    return float(((full.up @ low.down.T) * low.up).sum())
+        return float((a_up * b_up).sum())
+    (full, low), (full_up, low_up) = ((a, b), (a_up, b_up)) if a.down is None else ((b, a), (b_up, a_up))
+    return float(((full_up @ low.down.double().T) * low_up).sum())
