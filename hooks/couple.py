@@ -38,7 +38,6 @@ __all__ = ["MAX_REGIONS", "CoupleError", "CoupleRegion", "CoupleWeights", "Regio
 
 _TEXT_MODULES = ("attn2.to_k", "attn2.to_v")  # linears on the prompt's tokens, not the image's
 _BLOCKS = ("input", "middle", "output")
-_Segments = Segments  # the name tests/test_t1_attention_couple_dit.py reaches for
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ class MergeError(ValueError):
     """A merge that cannot run as asked; the message names the key or input and the remedy."""
 
 
-def _option(default: Any, help_text: str, **more: Any) -> Any:
+def _option(default: Any, help_text: str) -> Any:
     """A ``MergeOptions`` field; ``help_text`` is its command-line help (merge/cli.py makes one flag per
     field, ``%(default)s`` shows the default)."""
-    return field(default=default, metadata={"help": help_text, **more})
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,7 @@ class MergeOptions:
     prefetch: int = _option(3, "keys read ahead besides the one being merged (%(default)s)")
     chunk_elements: int = _option(1 << 16, "elements per slice of an elementwise key (%(default)s)")
     search_dirs: tuple[Path, ...] = _option((), "where to look for relative model paths (after the current "
-                                                "folder and the recipe's folder; repeatable)",
-                                            flag="models-dir")
+                                                "folder and the recipe's folder; repeatable)")
     spill_dir: Path | None = _option(None, "folder for spilled intermediates (default: the output's)")
 
     CHOICES = {"dtype": tuple(OUT_DTYPES), "shape_policy": SHAPE_POLICIES, "missing_policy": MISSING_POLICIES,

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 pytestmark = pytest.mark.t0
 
 ROOT = Path(__file__).resolve().parent.parent
-PACK_PACKAGES = ("comfy", "folder_paths", "nodes", "hooks", "patcher", "patchbay", "merge")
+PACK_PACKAGES = ("comfy", "folder_paths", "nodes", "comfy_merge", "hooks", "patcher", "patchbay", "merge")
 
 
 def readme_merge_example() -> str:

@@ -247,7 +247,7 @@ def test_a_dit_the_couple_does_not_know_is_refused(lib, comfy):
 def test_joint_mask_rows_and_columns(lib, comfy):
     dit = importlib.import_module(comfy.pack.__name__ + ".hooks.couple_dit")
     weights = lib.CoupleWeights(lib.couple_weights([left()[0] * 0.5]))
-    segments = lib._Segments(((0, 2), (2, 5)), 5)
+    segments = lib.Segments(((0, 2), (2, 5)), 5)
     mask = dit.joint_mask(weights, segments, 10, (2, 2), torch.device("cpu"), torch.float32)
     inf = float("-inf")
     assert mask.shape == (14, 14)
