@@ -239,7 +239,7 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
                   dense_fetch: DenseFetch, rounding: str = "compute") -> dict[torch.nn.Module, ModuleDeltas]:
     """Per-module deltas of every (engine index, patches) pair; hooks with a ``reason`` must not be passed.
 
-    rounding: one of ROUNDINGS (see there and the module docstring).
+    rounding: one of ROUNDINGS (see there).
 
     LoRA/LoCon on Linear/Conv weights become LowRankDelta (A, B used as loaded); everything else a
     DenseDelta materialised on demand through ``dense_fetch``. With rounding "loraloader" every patched

@@ -124,9 +124,9 @@ def _forward_hook(module: torch.nn.Module, args: tuple, output: torch.Tensor) ->
 class HookEngine:
     """Per model family: parsed hooks, per-module plans and the dense-delta cache.
 
-    A hook claimer of the Patchbay patcher (patcher.model_patcher.HookClaimer), shared by every clone
-    of the patcher it was enabled on, so a re-run with only a new seed finds everything parsed and
-    planned.
+    What the patcher's hook claimer (hooks/enable.py FastHooks, a patcher.model_patcher.HookClaimer)
+    runs, shared by every clone of the patcher it was enabled on, so a re-run with only a new seed finds
+    everything parsed and planned.
     """
 
     def __init__(self, cache_bytes: int = 2 << 30) -> None:

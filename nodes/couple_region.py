@@ -1,10 +1,6 @@
 """Couple Region: one region of an attention couple (prompt, mask, optional LoRA with strength and schedule)
-as a link of a COUPLE_REGIONS chain. Attention Couple from Regions (nodes/attention_couple.py) samples the
-chain exactly as Attention Couple samples the same regions in its 8 fixed slots, whose 40 widgets make that
-node too tall to read when a workflow is fit to the screen; a chain shows only the regions in use.
-
-The node records names and texts only; Attention Couple from Regions reads the LoRA files (nodes that
-read LoRA files keep them per node and stay V1, nodes/lora_files.py ReadsLoras), so this one is V3.
+as a link of a COUPLE_REGIONS chain, so Attention Couple from Regions (nodes/attention_couple.py) shows only
+the regions in use where the 8-slot node's 40 widgets are too tall to read when a workflow is fit to screen.
 """
 
 from __future__ import annotations
@@ -54,6 +50,9 @@ def _schedule_error(schedule: str) -> str | None:
 
 
 class PatchbayCoupleRegion(v3.Node):
+    """Records names and texts only: Attention Couple from Regions reads the LoRA files (nodes that read
+    LoRA files keep them per node and stay V1, nodes/lora_files.py ReadsLoras), so this node is V3."""
+
     NODE_ID = "PatchbayCoupleRegion"
     DISPLAY_NAME = "Couple Region (Patchbay)"
 

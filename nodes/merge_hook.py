@@ -1,5 +1,5 @@
 """Recipe Hook: a merge recipe minus its base as a core HOOKS value (model-as-LoRA style), so a merge can be
-keyframed over the steps and masked per region. Data flow: merge/delta.py, hooks/recipe_hook.py."""
+keyframed over the steps and masked per region. Data flow: docs/architecture.md (Recipe Hook)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Where a recipe goes: Merge (MODEL, CLIP, VAE, no file), Save Merge, Extract LoRA, Merge LoRA Stack,
-and Clear Merge Cache. The work is in nodes/runtime.py; data flow: docs/design-merge-nodes.md.
+and Clear Merge Cache. The work is in comfy_merge/runtime.py; data flow: docs/architecture.md.
 """
 
 from __future__ import annotations

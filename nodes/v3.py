@@ -1,23 +1,6 @@
-"""Patchbay's conventions for nodes on ComfyUI's V3 node API (``comfy_api.latest.io``), in one place.
-
-A V3 node is one declaration: ``define_schema`` returns an ``io.Schema`` (inputs with tooltips, outputs,
-description, category) and ``execute``, ``validate_inputs`` and ``fingerprint_inputs`` are classmethods.
-ComfyUI derives the V1 attributes (``INPUT_TYPES``, ``RETURN_TYPES``, ``DESCRIPTION`` ...) from the
-schema, so V3 classes go into ``NODE_CLASS_MAPPINGS`` like V1 ones (nodes/__init__.py, one loop).
-
-What this module adds to ``io``:
-- ``Node``: the base class; ``NODE_ID`` and ``DISPLAY_NAME`` name the node, as on every Patchbay node.
-- ``schema``: the ``io.Schema`` of a node from its class, refusing an input or output without a tooltip
-  and adding the words of nodes/search_terms.py as ``search_aliases`` where ComfyUI's Schema has them
-  (0.33; 0.3.75's has no such field, and its server sends no aliases for any node).
-- ``output``: an output named as V1's ``RETURN_NAMES`` named it.
-- ``FLOATS``, ``LORA_STACK``, ``COUPLE_REGIONS``, ``RECIPE``: the socket types that are not core's.
-- ``v1_entry``, ``v1_result``: V1's ``FUNCTION`` name kept as a Python entry point (scripts and tests
-  call ``Node().build(...)``), returning what V1 returned; ComfyUI itself calls ``execute``.
-
-V3 has no per-node instance state: ``execute`` runs on a locked copy of the class, and the node object
-ComfyUI keeps per node id never reaches it. Nodes that keep their last LoRA files between runs (as
-core's CreateHookLora does, which 0.33 keeps on V1 for that reason) stay V1: see nodes/lora_files.py.
+"""Patchbay's conventions for nodes on ComfyUI's V3 node API (``comfy_api.latest.io``), in one place: the
+base class, a schema that requires tooltips and adds search aliases, V1-named outputs and Python entry
+points, and the socket types that are not core's. Which nodes stay V1, and why: nodes/lora_files.py.
 """
 
 from __future__ import annotations
@@ -48,7 +31,10 @@ class Node(io.ComfyNode):
 def schema(node: type[Node], *, category: str, description: str, inputs: list[io.Input],
            outputs: list[io.Output], **options) -> io.Schema:
     """The node's ``io.Schema``: id and display name from the class, aliases from nodes/search_terms.py;
-    ``options``: further Schema fields (``is_output_node`` ...)."""
+    ``options``: further Schema fields (``is_output_node`` ...).
+
+    Raises ValueError for an input or output without a tooltip. Aliases go in only where ComfyUI's
+    Schema has the field (0.33; 0.3.75's has none, and its server sends no aliases for any node)."""
     untold = [part.id or part.display_name for part in (*inputs, *outputs) if not part.tooltip]
     if untold:
         raise ValueError(f"{node.NODE_ID}: give {untold} a tooltip (every input and output has one)")

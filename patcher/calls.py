@@ -1,5 +1,6 @@
-"""Core's arguments by name, read from the signature of the function ComfyUI is calling, so no argument
-position is written in the pack and a new ComfyUI that inserts a parameter moves nothing.
+"""Core's arguments by name, read from the signature of the function ComfyUI is calling, so a wrapper
+that reads them this way keeps working when a new ComfyUI inserts a parameter (which wrappers do:
+docs/architecture.md, A MODEL upgraded).
 """
 
 from __future__ import annotations

@@ -26,14 +26,8 @@ ATTACHMENT_KEY = "patchbay"
 
 @dataclass
 class PatchbayState:
-    """Everything Patchbay keeps per patcher; a clone gets what each field's policy says.
-
-    Data flow::
-
-        any ModelPatcher --patchbay_state(model)--> attachments["patchbay"]: PatchbayState (made on first use)
-        core's clone() --PatchbayState.on_model_patcher_clone--> the clone's own state, field by field,
-                       each by the clone policy written next to the field
-        require_model(x) -> x, or NotAModelError naming what to connect (the one "is this a MODEL" check)
+    """Everything Patchbay keeps per patcher (``patchbay_state``: attachments["patchbay"], made on first
+    use); core's clone gives the clone what each field's policy, written next to it, says.
 
     The fields belong to the other modules of the package: ``order`` to patch_order.py (read by
     model_patcher.py), ``registry`` to registry.py, ``events`` to events.py, ``claimers`` to whoever claims
