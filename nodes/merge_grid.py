@@ -1,6 +1,6 @@
 """Merge Grid: one recipe, up to two parameter axes, every variant merged, sampled and laid out in one
 labelled image (SuperMerger's XY plot in the graph); memory stays that of one merge. Data flow:
-docs/design-merge-nodes.md, Merge Grid.
+docs/architecture.md (Merge Grid).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class PatchbayMergeGrid(v3.Node):
             scheduler: str, merge_seed: int = 0, cache_mb: int = runtime.DEFAULT_CACHE_MB,
             shape_policy: str = "overlap", missing_policy: str = "first", clip: Any = None, vae: Any = None,
             allow_large_grid: bool = False, architecture_policy: str = "refuse") -> io.NodeOutput:
-        """The grid (see the module docstring); the node's text lists each variant's merge line (keys
+        """The grid (docs/architecture.md, Merge Grid); the node's text lists each variant's merge line (keys
         merged, keys from the merge cache)."""
         x = (x_param, parse_values(x_values, "x"))
         y = (y_param, parse_values(y_values, "y")) if y_param.strip() or y_values.strip() else None
