@@ -398,5 +398,6 @@ def _inner(a: _Term, b: _Term) -> float:
         return float(((a_up.T @ b_up) * (a.down.double() @ b.down.double().T)).sum())
     if a.down is None and b.down is None:
         return float((a_up * b_up).sum())
-    (full, low), (full_up, low_up) = ((a, b), (a_up, b_up)) if a.down is None else ((b, a), (b_up, a_up))
-    return float(((full_up @ low.down.double().T) * low_up).sum())
+    if a.down is None:  # a full, b low-rank
+        return float(((a_up @ b.down.double().T) * b_up).sum())
+    return float(((b_up @ a.down.double().T) * a_up).sum())
