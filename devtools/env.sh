@@ -92,8 +92,9 @@ fi
 log "building $ENV_DIR for ComfyUI $VERSION (first run only; a few minutes)"
 rm -rf "$ENV_DIR"
 "$PYTHON" -m venv "$ENV_DIR/venv"
-# --no-compile: Python compiles the modules it imports on first use; byte-compiling all of torch and
-# the CUDA wheels up front took about a third of the build.
+# --no-compile: Python compiles the modules it imports on first use and caches them (the Makefile
+# unexports PYTHONDONTWRITEBYTECODE); byte-compiling all of torch and the CUDA wheels up front took
+# about a third of the build.
 PIP=("$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --no-deps --no-compile --no-warn-script-location "$TORCH_WHL" "$VISION_WHL" -r "$LOCK" >&2
 

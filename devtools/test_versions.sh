@@ -1,35 +1,34 @@
 #!/usr/bin/env bash
 # `make test`: every test tier on the first ComfyUI version given, t1-t3 on the others (t0 imports no
-# ComfyUI, so it runs once, as do the tests marked ``once``, which say why), in two phases:
+# ComfyUI, so it runs once, as do the tests marked ``once``, which say why):
 #
 #   1. setup: each version's environment (devtools/env.sh; side by side), ruff once, the tiny
 #      models (generated once into .cache/models, then reused by every version)
-#   2. in-process phase: t1 of each version, one pytest each. Side by
-#      side only on a machine with two cores and 16 GB of RAM per version (each then gets
-#      cores / versions torch threads; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by side): one
-#      version's T1 peaks near 9 GB (the tiny Flux and a LoRA-patched copy of it), and on a 2-core
-#      24 GB machine side by side took longer than in turn (12.4 GB, 954 s against about 800 s). The
-#      first version's output is shown live, the others' after it (.cache/test-logs/<version>-t1.log).
-#      Inductor's compiled kernels are cached beside the environments (~/.cache/patchbay/inductor),
-#      as compiling them is a build step (the compile tests take ~100 s more per version without it).
-#   3. server phase: t2 + t3 of each version in turn, with every core (a ComfyUI server, Chromium and
-#      the tests: the largest memory of the run, never doubled). t0 (pure: no ComfyUI, one torch
-#      thread, ~1.3 GB) runs beside the last version's server phase, in the first version's
-#      environment: that phase keeps about one core busy on average (measured: 212 s of CPU in 189 s
-#      on two cores), so t0's ~60 s mostly fill the idle one; beside t1 it would push the peak past
-#      10 GB. Its output follows the server phase's (.cache/test-logs/t0.log).
-#   4. a summary line per version, then a table of each tier's seconds and peak memory and the whole
+#   2. one lane per version: its T1 (in process), then its T2 + T3 (a live server, Chromium); the first
+#      version's lane ends with t0 (pure, one torch thread). The lanes run side by side on a machine
+#      with 2 cores and 10 GB of RAM per version (each with cores / versions torch threads, its server
+#      too; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by side), else in turn with every core.
+#      Measured on a 2-core 23 GB machine: the two T1s side by side took 954 s of wall time, where
+#      in turn they had taken 1644 + 986 s (one torch thread per process loses little on tiny
+#      models), with 12.9 GB used at the peak (each T1 peaks near 8 GB, the tiny Flux and a
+#      LoRA-patched copy of it). A server phase keeps about one core busy, so beside the other lane's
+#      T1 it costs little. The first lane's output is shown live, the others' after it
+#      (.cache/test-logs/<version>.log). Inductor runs on the last version only (tests/conftest.py
+#      ``compile_backend``), which balances the lanes: the first carries the tests marked once and t0.
+#      Inductor's compiled kernels are cached beside the environments (~/.cache/patchbay/inductor).
+#   3. a summary line per version, then a table of each tier's seconds and peak memory and the whole
 #      run's (devtools/memwatch.py samples every process the run starts; tests/conftest.py names the
 #      running tier); the exit status is 1 if any version failed, naming it.
 #
 # Usage: devtools/test_versions.sh VERSION [VERSION ...]   (PYTEST_ARGS: more pytest arguments)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+unset PYTHONDONTWRITEBYTECODE  # cache bytecode, as the Makefile says (also when run without make)
 [ $# -ge 1 ] || { echo "usage: devtools/test_versions.sh VERSION [VERSION ...]" >&2; exit 2; }
 versions=("$@")
 cores=$(nproc)
 mem_gb=$(awk '/^MemTotal:/ { print int($2 / 1048576) }' /proc/meminfo 2>/dev/null || echo 0)
-by_mem=$(( mem_gb / 16 )); by_cores=$(( cores / 2 ))
+by_mem=$(( mem_gb / 10 )); by_cores=$cores
 fit=$(( by_cores < by_mem ? by_cores : by_mem )); [ "$fit" -ge 1 ] || fit=1
 jobs=${PATCHBAY_TEST_JOBS:-$fit}
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "PATCHBAY_TEST_JOBS=$jobs: give a positive integer" >&2; exit 2; }
@@ -64,10 +63,13 @@ done
 rm -f "$labels/models"
 
 declare -A status seconds
+last="${versions[-1]}"
 run_pytest() {  # $1 version, $2 phase name, $3 tiers; records status and seconds, returns the status
     local dir="${env_dir[$1]}" began=$SECONDS
     local once=""; [ "$1" = "$first" ] || once=1  # tests marked once: the first version only
-    PATCHBAY_ONCE_DONE="$once" PATCHBAY_TIERS="$3" PATCHBAY_COMFYUI="$dir/comfyui" \
+    local backend=eager; [ "$1" = "$last" ] && backend=inductor  # compile tests: tests/conftest.py
+    PATCHBAY_ONCE_DONE="$once" PATCHBAY_COMPILE_BACKEND="$backend" PATCHBAY_TIERS="$3" \
+        PATCHBAY_COMFYUI="$dir/comfyui" \
         PATCHBAY_MEM_LABEL="$labels/$1-$2" PATCHBAY_TEST_REPORT="$logs/report-$1-$2.json" \
         "$dir/venv/bin/python" -m pytest "${pytest_args[@]}"
     local rc=$?
@@ -82,8 +84,18 @@ record() {  # $1 version, $2 phase: fold the phase's result into the version's
     [ "$rc" = 0 ] || status[$1]=$rc
     seconds[$1]=$(( ${seconds[$1]:-0} + ${secs//\?/0} ))
 }
-in_process_tiers() { echo "t1"; }
-last="${versions[-1]}"
+lane() {  # $1 version: its T1, then its T2 + T3 (a live server and the frontend); t0 after the first's
+    local version=$1
+    echo "=== ComfyUI $version: tier t1 (in process; $OMP_NUM_THREADS torch thread(s)) ==="
+    run_pytest "$version" t1 t1
+    echo "=== ComfyUI $version: tiers t2 t3 (a live server and the frontend) ==="
+    run_pytest "$version" t2 "t2 t3"
+    if [ "$version" = "$first" ]; then
+        echo "=== tier t0 (ComfyUI $first's environment, 1 torch thread) ==="
+        OMP_NUM_THREADS=1 run_pytest "$first" t0 t0
+    fi
+    return 0
+}
 
 rm -f "$logs"/result-*
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${PATCHBAY_CACHE:-$HOME/.cache/patchbay}/inductor}"
@@ -91,40 +103,22 @@ if [ "$jobs" -gt 1 ] && [ "${#versions[@]}" -gt 1 ]; then
     threads=$(( cores / ${#versions[@]} )); [ "$threads" -ge 1 ] || threads=1
     declare -A pid
     for version in "${versions[@]:1}"; do
-        echo "=== ComfyUI $version: tiers $(in_process_tiers "$version") in the background ($threads torch" \
-             "thread(s)), output in $logs/$version-t1.log ==="
-        ( OMP_NUM_THREADS=$threads run_pytest "$version" t1 "$(in_process_tiers "$version")" \
-            > "$logs/$version-t1.log" 2>&1 ) &
+        echo "=== ComfyUI $version: every tier in the background, output in $logs/$version.log ==="
+        ( OMP_NUM_THREADS=$threads lane "$version" > "$logs/$version.log" 2>&1 ) &
         pid[$version]=$!
     done
-    echo "=== ComfyUI $first: tiers $(in_process_tiers "$first") ($threads torch thread(s)) ==="
-    OMP_NUM_THREADS=$threads run_pytest "$first" t1 "$(in_process_tiers "$first")"
+    OMP_NUM_THREADS=$threads lane "$first"
     for version in "${versions[@]:1}"; do
         wait "${pid[$version]}"
-        echo "=== ComfyUI $version: tiers $(in_process_tiers "$version") (its output, run alongside) ==="
-        cat "$logs/$version-t1.log"
+        echo "=== ComfyUI $version: its output, run alongside ==="
+        cat "$logs/$version.log"
     done
 else
-    for version in "${versions[@]}"; do
-        echo "=== ComfyUI $version: tiers $(in_process_tiers "$version") ==="
-        run_pytest "$version" t1 "$(in_process_tiers "$version")"
-    done
+    for version in "${versions[@]}"; do OMP_NUM_THREADS=$cores lane "$version"; done
 fi
-for version in "${versions[@]}"; do record "$version" t1; done
 for version in "${versions[@]}"; do
-    if [ "$version" = "$last" ]; then
-        echo "=== tier t0 in the background (ComfyUI $first's environment, 1 torch thread)," \
-             "output in $logs/t0.log ==="
-        ( OMP_NUM_THREADS=1 run_pytest "$first" t0 t0 > "$logs/t0.log" 2>&1 ) &
-        t0_pid=$!
-    fi
-    echo "=== ComfyUI $version: tiers t2 t3 (a live server and the frontend) ==="
-    run_pytest "$version" t2 "t2 t3"
-    record "$version" t2
+    for phase in t1 t2; do record "$version" "$phase"; done
 done
-wait "$t0_pid"
-echo "=== tier t0 (its output, run alongside) ==="
-cat "$logs/t0.log"
 record "$first" t0
 
 failed=""
@@ -133,7 +127,7 @@ for version in "${versions[@]}"; do
     echo "=== ComfyUI $version: $result in ${seconds[$version]} s of pytest ==="
 done
 echo "=== make test took $(( SECONDS - start_all )) s (tiny models included)$([ "$jobs" -gt 1 ] \
-    && echo "; t1 of the versions side by side") ==="
+    && echo "; the versions' lanes side by side") ==="
 kill -TERM "$watcher" 2>/dev/null; wait "$watcher"
 echo "=== time and peak memory of each tier and of the whole run ==="
 "${env_dir[$first]}/venv/bin/python" devtools/memwatch.py --seconds $(( SECONDS - start_all )) \

@@ -92,14 +92,15 @@ def comfy(models, tmp_path_factory):
 @pytest.fixture(scope="session")
 def compile_backend() -> str:
     """The torch.compile backend of the compile tests (test_t1_compile.py, test_t1_compile_hooks.py):
-    inductor on the ComfyUI version that runs the tests marked once, dynamo's eager backend on the others.
+    $PATCHBAY_COMPILE_BACKEND, else inductor. `make test` runs inductor on the last (newest) ComfyUI
+    version and dynamo's eager backend on the others (devtools/test_versions.sh).
 
     What those tests assert differs by ComfyUI version only where ComfyUI's wrappers and Fast Hooks meet
     dynamo: which graphs dynamo captures, what they hold, what they guard on (no recompiles), and that
     the latents match; the eager backend runs the captured graphs as they are. Inductor's code
-    generation is torch's, the same under every ComfyUI version, and on a fresh machine (no inductor
-    cache) it took 7 of the 0.33 T1's 26 minutes on 2 cores (the eager backend: 2); it runs once."""
-    return "eager" if os.environ.get("PATCHBAY_ONCE_DONE") else "inductor"
+    generation is torch's, the same under every ComfyUI version, and costs about 3 minutes on 2 cores
+    on a fresh machine (no inductor cache; the eager backend: 40 s), so it runs on one version."""
+    return os.environ.get("PATCHBAY_COMPILE_BACKEND") or "inductor"
 
 
 @pytest.fixture(scope="session")
@@ -301,17 +302,19 @@ def comfy_server(models):
     The real AnimateDiff-Evolved and Advanced-ControlNet are loaded next to it, as the vendor folder
     pins them for this ComfyUI version (devtools/vendor_packs.py), and the test-only stand-in nodes
     (devtools/stand_ins.py: conditioning for a text encoder that cannot be tiny). Images go to
-    output/, the server log to output/logs/test-comfyui-<version>.log; the frontend settings keep
-    first-run popups out of the browser tests' way.
+    output/test-comfyui-<version>/, the server log to output/logs/test-comfyui-<version>.log; the
+    frontend settings keep first-run popups out of the browser tests' way.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
     from stand_ins import PACKS
     from vendor_packs import ensure_packs
 
-    output = devpaths.output_dir()
     version = devpaths.comfyui_version()
-    log = output / "logs" / f"test-comfyui-{version}.log"
+    log = devpaths.output_dir() / "logs" / f"test-comfyui-{version}.log"
+    # one output folder per version: `make test` runs the versions' servers side by side, and ComfyUI
+    # numbers a saved file by the files already in its folder
+    output = devpaths.output_dir() / f"test-comfyui-{version}"
     with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
                      extra_packs={**ensure_packs(version), **PACKS}) as server:
         yield server
