@@ -41,8 +41,6 @@ class PatchbayFloatsFromText(v3.Node):
     def validate_inputs(cls, text: str | None = None) -> bool | str:
         return _validate_text(text, "FLOATS text")
 
-    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
-
     @classmethod
     def execute(cls, text: str) -> io.NodeOutput:
         values = floats.parse_floats(text)
@@ -97,8 +95,6 @@ class PatchbayFloatsRepeat(v3.Node):
     @classmethod
     def validate_inputs(cls, pattern: str | None = None) -> bool | str:
         return _validate_text(pattern, "repeat pattern")
-
-    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
 
     @classmethod
     def execute(cls, pattern: str, length: int, mode: str) -> io.NodeOutput:

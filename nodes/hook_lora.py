@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..comfy_merge import files
 from ..hooks import enable as fast_hooks
 from ..hooks import lora_hooks, lora_stack, schedule_text
 from ..hooks.keyframes import keyframes_from_points
@@ -98,7 +99,7 @@ class PatchbayHookModelAsLora(_Hook):
     def INPUT_TYPES(cls) -> dict:
         return {
             "required": {
-                "ckpt_name": (lora_files.names("checkpoints"),
+                "ckpt_name": (files.names("checkpoints"),
                               {"tooltip": "A file in the checkpoints folder."}),
                 "strength_model": _UNET,
                 "strength_clip": _CLIP,

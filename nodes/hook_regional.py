@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..comfy_merge import files
 from ..hooks import block_weights, lora_hooks, prompt_tags, regions
 from ..hooks import enable as fast_hooks
 from ..hooks.keyframes import keyframes_from_points
@@ -132,8 +133,8 @@ class PatchbayPromptLora(lora_files.ReadsLoras):
         where = f"LoRA tag at column {tag.column}"
         try:
             name, lora = self.files.lora(tag.name)
-        except lora_files.UnknownFileError as error:
-            raise lora_files.UnknownFileError(f"{where}: {error}") from None
+        except files.UnknownFileError as error:
+            raise files.UnknownFileError(f"{where}: {error}") from None
         if model is not None:
             lora_hooks.check_lora_fits(lora, name, model, clip)
         keyframes = keyframes_from_points(tag.schedule) if tag.schedule else None

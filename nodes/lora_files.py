@@ -12,9 +12,9 @@ import comfy.sd
 import comfy.utils
 import folder_paths
 
-from ..comfy_merge.files import UnknownFileError, names, resolve
+from ..comfy_merge.files import names, resolve
 
-__all__ = ["NONE", "LoraFiles", "ReadsLoras", "UnknownFileError", "lora_names", "names", "resolve"]
+__all__ = ["NONE", "LoraFiles", "ReadsLoras", "lora_names"]
 
 NONE = "None"
 

@@ -13,7 +13,7 @@ from ..comfy_merge import files, graph_model
 from ..hooks.block_weights import BlockWeightError, parse_block_map
 from ..merge import blocks
 from ..merge import recipe as R
-from . import lora_files, v3
+from . import v3
 
 if TYPE_CHECKING:
     from comfy.model_patcher import ModelPatcher
@@ -32,7 +32,7 @@ class _FileInput(v3.Node):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        widget = io.Combo.Input(cls.WIDGET, options=lora_files.names(cls.FOLDER), tooltip=cls.TIP)
+        widget = io.Combo.Input(cls.WIDGET, options=files.names(cls.FOLDER), tooltip=cls.TIP)
         return v3.schema(cls, category="Patchbay/merge/inputs", description=cls.ABOUT, inputs=[widget],
                          outputs=[v3.output(v3.RECIPE, "recipe", _RECIPE_OUT)])
 
@@ -181,8 +181,6 @@ class PatchbayMergeKeyPatterns(v3.Node):
         except ValueError as error:
             return str(error)
         return True
-
-    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
 
     @classmethod
     def execute(cls, patterns: str, check_blocks: str = LATER) -> io.NodeOutput:

@@ -112,8 +112,6 @@ class PatchbayMergeRecipeText(v3.Node):
                 return f"recipe text: {error}"
         return True
 
-    VALIDATE_INPUTS = validate_inputs  # V1's name, for Python callers; ComfyUI calls validate_inputs
-
     @classmethod
     def execute(cls, text: str, recipe_file: str = TEXTBOX, params: str = "", **inputs: Any) -> io.NodeOutput:
         source = text if recipe_file == TEXTBOX else files.recipe_text(recipe_file)

@@ -27,6 +27,12 @@ class Node(io.ComfyNode):
     NODE_ID: str
     DISPLAY_NAME: str
 
+    @classmethod
+    def VALIDATE_INPUTS(cls, *args, **kwargs) -> bool | str:  # noqa: N802 (V1's name)
+        """``validate_inputs`` under V1's name, for Python callers (ComfyUI calls ``validate_inputs`` on a
+        V3 node: execution.py's ``first_real_override``)."""
+        return cls.validate_inputs(*args, **kwargs)
+
 
 def schema(node: type[Node], *, category: str, description: str, inputs: list[io.Input],
            outputs: list[io.Output], **options) -> io.Schema:
