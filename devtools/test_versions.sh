@@ -6,7 +6,7 @@
 #      models (generated once into .cache/models, then reused by every version)
 #   2. one lane per version: its T1 (in process), then its T2 + T3 (a live server, Chromium); the first
 #      version's lane ends with t0 (pure, one torch thread). The lanes run side by side on a machine
-#      with 2 cores and 10 GB of RAM per version (each with cores / versions torch threads, its server
+#      with a core and 10 GB of RAM per version (each with cores / versions torch threads, its server
 #      too; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by side), else in turn with every core.
 #      Measured on a 2-core 23 GB machine: the two T1s side by side took 954 s of wall time, where
 #      in turn they had taken 1644 + 986 s (one torch thread per process loses little on tiny
