@@ -203,7 +203,7 @@ def _unsupported_reason(model: torch.nn.Module, patches: dict) -> str | None:
 
 
 def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
-    if pk.offset is not None or pk.function is not None or pk.is_bias:
+    if pk.function is not None or pk.is_bias:
         return False
     kind = module_kind(module)
     if not isinstance(v, comfy.weight_adapter.LoRAAdapter) or not (kind or "").startswith(("linear", "conv")):
@@ -213,10 +213,36 @@ def _is_low_rank(pk: PatchKey, v: Any, module: torch.nn.Module) -> bool:
     reshape = _reshape(v)
     if mid is not None or dora is not None or getattr(module, "groups", 1) != 1:
         return False
-    if reshape is not None and reshape != list(weight.shape):
+    if reshape is not None and (pk.offset is not None or reshape != list(weight.shape)):
+        return False
+    rows = _output_rows(pk, kind, weight)
+    if rows is None:
         return False
     rank = down.shape[0]  # shapes from weight.shape: a quantized weight's storage has another shape
-    return up.numel() == weight.shape[0] * rank and down.numel() == rank * math.prod(weight.shape[1:])
+    return up.numel() == rows[1] * rank and down.numel() == rank * math.prod(weight.shape[1:])
+
+
+def _output_rows(pk: PatchKey, kind: str, weight: torch.Tensor) -> tuple[int, int] | None:
+    """(first, count) of the output rows a patch covers: all of them, or the slice of a fused Linear
+    weight that a diffusers LoRA's q, k, v (or mlp) patches (ComfyUI's offset ``(0, first, count)``,
+    Flux's qkv and linear1); None for a slice along another dimension (the input's)."""
+    if pk.offset is None:
+        return 0, int(weight.shape[0])
+    dim, first, count = pk.offset
+    if dim != 0 or kind != "linear":
+        return None
+    return int(first), int(count)
+
+
+def _full_rows(up: torch.Tensor, pk: PatchKey, weight: torch.Tensor) -> torch.Tensor:
+    """The up projection of a patch on some output rows, zero on the rest: (out, r), so the slice's delta
+    is a low-rank delta of the whole weight (a few KB where the dense delta is the weight's size)."""
+    first, count = _output_rows(pk, "linear", weight)
+    if pk.offset is None:
+        return up
+    full = up.new_zeros((int(weight.shape[0]), up.numel() // count))
+    full[first:first + count] = up.reshape(count, -1)
+    return full
 
 
 # Adapters that add ``strength * diff`` (unless they carry a DoRA magnitude), with its index.
@@ -263,7 +289,7 @@ def build_modules(model: torch.nn.Module, hooks: Iterable[tuple[int, HookPatches
             elif _is_low_rank(pk, v, module):
                 up, down, alpha = v.weights[0], v.weights[1], v.weights[2]
                 scale = float(alpha) / down.shape[0] if alpha is not None else 1.0
-                deltas.low_rank.append(LowRankDelta(index, down, up, scale))
+                deltas.low_rank.append(LowRankDelta(index, down, _full_rows(up, pk, module.weight), scale))
             else:
                 deltas.dense.append(DenseDelta(index, _fetcher(dense_fetch, index, ((pk, v),), False),
                                                pk.is_bias, _is_linear_in_strength(pk, v)))

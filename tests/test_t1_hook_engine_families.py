@@ -96,6 +96,9 @@ def test_fast_hooks_equal_loraloader_and_core_hooks(dits, engine, weights_digest
     assert_within(actual, expected, effect, f"{name} {fmt}: Fast Hooks vs LoraLoader")
 
     assert engine.hook_engine_of(fast).plans_built == plans + 1, "the engine did not plan the hook"
+    # every patch ran as A and B, slices of fused weights too (q, k, v of a diffusers LoRA on a fused
+    # qkv): no delta the size of a weight was made
+    assert len(engine.hook_engine_of(fast).cache) == 0, f"{name} {fmt}: a LoRA patch became a dense delta"
     parsed = engine.hook_engine_of(fast).hook_patches(fast.model, hooks.hooks[0])
     key_map = comfy.lora.model_lora_keys_unet(model.model, {})
     with arch_sampling.logged() as unmatched:  # "lora key not loaded: ..."
@@ -128,6 +131,7 @@ def test_sd2_768_v_fast_hooks_equal_loraloader_and_core_hooks(dits, engine, weig
     actual = sample(family, fast, hooks=arch_sampling.hook_lora(lora, STRENGTH))
     assert_within(actual, expected, effect, "sd2 768-v: Fast Hooks vs LoraLoader")
     assert engine.hook_engine_of(fast).plans_built == plans + 1, "the engine did not plan the hook"
+    assert len(engine.hook_engine_of(fast).cache) == 0, "sd2 768-v: a LoRA patch became a dense delta"
     assert weights_digest(model) == before and not model.patches and not model.hook_patches
 
 
