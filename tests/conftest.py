@@ -116,29 +116,56 @@ def merge_library(comfy) -> types.ModuleType:
     return package
 
 
+# The per-process model caches of devtools (module, function): emptied after each test function.
+SHARED_MODELS = (("arch_sampling", "shared_model"), ("gguf_sampling", "shared_gguf"))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _memory_back_after_each_module():
     """After each test module: the models it loaded are freed and their memory goes back to the system.
 
     Module fixtures hold a module's models (torn down before this fixture, which is set up first);
     ``arch_sampling.shared_model`` keeps the tiny Flux (2.3 GB in fp32) and SDXL loaded for the tests
-    that only clone them, and the Merge node's process-wide cache keeps up to ``cache_mb`` of merge
-    results: both are emptied here, so the next module that needs them loads them again (seconds)
-    instead of the whole session, servers and browser included, running beside them. glibc keeps
+    that only clone them (``gguf_sampling.shared_gguf`` their GGUF files, 1.1 GB), and the Merge node's
+    process-wide cache keeps up to ``cache_mb`` of merge results: all are emptied here, so the next
+    module that needs them loads them again (seconds) instead of the whole session, servers and browser
+    included, running beside them. glibc keeps
     freed tensor memory in the heap for the process to reuse (about 1 GB per loaded checkpoint, never
     given back: one version's T1 grew to 12 GB); ``malloc_trim`` returns it. Measured on T1: 6.8 GB
     held after the merge-hook module, 3.4 GB after gc and malloc_trim, 1.0 GB with the shared models
     freed.
     """
     yield
-    arch_sampling = sys.modules.get("arch_sampling")
-    if arch_sampling is not None:
-        arch_sampling.shared_model.cache_clear()
+    _free_shared_models()
     for name, module in list(sys.modules.items()):
         if name.endswith(".comfy_merge.runtime") and hasattr(module, "CACHE"):
             module.CACHE.clear()
     gc.collect()
     _return_freed_memory()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a function (all its parameters), its shared models are freed: a module
+    that samples the tiny Flux in one test otherwise holds its 2.3 GB through every later test of the
+    module (the next function that needs it loads it again, in seconds)."""
+    same_function = (nextitem is not None and nextitem.module is item.module
+                     and getattr(nextitem, "originalname", None) == getattr(item, "originalname", None))
+    if not same_function and _free_shared_models():
+        gc.collect()
+        _return_freed_memory()
+
+
+def _free_shared_models() -> bool:
+    """Empty the devtools model caches (SHARED_MODELS); whether any held a model."""
+    held = False
+    for module_name, cached in SHARED_MODELS:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            function = getattr(module, cached)
+            held |= function.cache_info().currsize > 0
+            function.cache_clear()
+    return held
 
 
 def _return_freed_memory() -> None:
