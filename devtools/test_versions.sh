@@ -4,17 +4,18 @@
 #
 #   1. setup: each version's environment (devtools/env.sh; side by side), ruff once, the tiny
 #      models (generated once into .cache/models, then reused by every version)
-#   2. one lane per version: its T1 (in process), then its T2 + T3 (a live server, Chromium); the first
-#      version's lane ends with t0 (pure, one torch thread). The lanes run side by side on a machine
-#      with a core and 10 GB of RAM per version (each with cores / versions torch threads, its server
-#      too; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by side), else in turn with every core.
+#   2. one lane per version: its T1 (in process), then its T2 + T3 (a live server, Chromium); the lane
+#      done first then runs t0 (pure, one torch thread; in the first version's environment). The lanes
+#      run side by side on a machine with a core and 10 GB of RAM per version (each with cores /
+#      versions torch threads, its server too; PATCHBAY_TEST_JOBS=1 or N forces in turn or side by
+#      side), else in turn with every core.
 #      Measured on a 2-core 23 GB machine: the two T1s side by side took 954 s of wall time, where
 #      in turn they had taken 1644 + 986 s (one torch thread per process loses little on tiny
 #      models), with 12.9 GB used at the peak (each T1 peaks near 8 GB, the tiny Flux and a
 #      LoRA-patched copy of it). A server phase keeps about one core busy, so beside the other lane's
 #      T1 it costs little. The first lane's output is shown live, the others' after it
 #      (.cache/test-logs/<version>.log). Inductor runs on the last version only (tests/conftest.py
-#      ``compile_backend``), which balances the lanes: the first carries the tests marked once and t0.
+#      ``compile_backend``), which balances the lanes: the first carries the tests marked once.
 #      Inductor's compiled kernels are cached beside the environments (~/.cache/patchbay/inductor).
 #   3. a summary line per version, then a table of each tier's seconds and peak memory and the whole
 #      run's (devtools/memwatch.py samples every process the run starts; tests/conftest.py names the
@@ -84,20 +85,20 @@ record() {  # $1 version, $2 phase: fold the phase's result into the version's
     [ "$rc" = 0 ] || status[$1]=$rc
     seconds[$1]=$(( ${seconds[$1]:-0} + ${secs//\?/0} ))
 }
-lane() {  # $1 version: its T1, then its T2 + T3 (a live server and the frontend); t0 after the first's
-    local version=$1
+lane() {  # $1 version: its T1, then its T2 + T3 (a live server and the frontend); then t0, if no
+    local version=$1  # other lane has taken it (mkdir is atomic: the first lane to get there runs it)
     echo "=== ComfyUI $version: tier t1 (in process; $OMP_NUM_THREADS torch thread(s)) ==="
     run_pytest "$version" t1 t1
     echo "=== ComfyUI $version: tiers t2 t3 (a live server and the frontend) ==="
     run_pytest "$version" t2 "t2 t3"
-    if [ "$version" = "$first" ]; then
-        echo "=== tier t0 (ComfyUI $first's environment, 1 torch thread) ==="
+    if mkdir "$logs/t0-taken" 2>/dev/null; then
+        echo "=== tier t0 (ComfyUI $first's environment, 1 torch thread; in this lane, done first) ==="
         OMP_NUM_THREADS=1 run_pytest "$first" t0 t0
     fi
     return 0
 }
 
-rm -f "$logs"/result-*
+rm -rf "$logs"/result-* "$logs/t0-taken"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${PATCHBAY_CACHE:-$HOME/.cache/patchbay}/inductor}"
 if [ "$jobs" -gt 1 ] && [ "${#versions[@]}" -gt 1 ]; then
     threads=$(( cores / ${#versions[@]} )); [ "$threads" -ge 1 ] || threads=1

@@ -91,14 +91,14 @@ def comfy(models, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def compile_backend() -> str:
-    """The torch.compile backend of the compile tests (test_t1_compile.py, test_t1_compile_hooks.py):
+    """The torch.compile backend of Fast Hooks' compile tests (test_t1_compile_hooks.py):
     $PATCHBAY_COMPILE_BACKEND, else inductor. `make test` runs inductor on the last (newest) ComfyUI
     version and dynamo's eager backend on the others (devtools/test_versions.sh).
 
     What those tests assert differs by ComfyUI version only where ComfyUI's wrappers and Fast Hooks meet
     dynamo: which graphs dynamo captures, what they hold, what they guard on (no recompiles), and that
     the latents match; the eager backend runs the captured graphs as they are. Inductor's code
-    generation is torch's, the same under every ComfyUI version, and costs about 3 minutes on 2 cores
+    generation is torch's, the same under every ComfyUI version, and costs about 2.5 minutes on 2 cores
     on a fresh machine (no inductor cache; the eager backend: 40 s), so it runs on one version."""
     return os.environ.get("PATCHBAY_COMPILE_BACKEND") or "inductor"
 

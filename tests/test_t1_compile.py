@@ -1,15 +1,15 @@
 """T1: torch.compile (CPU) with LoRAs: what weight_patch_first fixes, and no recompiles.
 
 The tiny UNet is compiled once for the module and installed the way KJNodes-era workflows did it:
-``model.add_object_patch("diffusion_model", torch.compile(...))``. A counting backend wraps the
-backend (inductor on one ComfyUI version, dynamo's eager backend on the others: the ``compile_backend``
-fixture), so every graph it compiles is seen. Sampling is 2 euler steps on an 8x8 latent. The UNet runs
-PyTorch attention as on a GPU (``with_pytorch_attention``): one graph.
+``model.add_object_patch("diffusion_model", torch.compile(...))``. A counting backend wraps dynamo's
+eager backend, so every graph dynamo captures is seen. Sampling is 2 euler steps on an 8x8 latent. The
+UNet runs PyTorch attention as on a GPU (``with_pytorch_attention``): one graph.
 
-Cost on 2 CPU cores: the first compiled run takes ~30 s with a cold inductor cache and ~10 s warm
-(the FX graph cache in $TORCHINDUCTOR_CACHE_DIR); every later run well under a second. With
-ComfyUI's CPU attention (sub-quadratic, which asks psutil for free memory) the UNet splits into ~54
-graphs and the first run took ~20 s warm.
+The eager backend on every version: what is tested here (whether the compiled UNet sees the weights
+ComfyUI patched, and which graphs dynamo captures and guards on) is dynamo's, and inductor reads
+parameters at run time as eager does (no freezing in inference). Inductor's code generation is tested
+where the pack's own code runs inside the graphs (tests/test_t1_compile_hooks.py); here it cost 60 s of
+a fresh machine's T1 for a graph of core's UNet alone.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ LORA = "patchbay-lora-r4.safetensors"
 
 
 @pytest.fixture(scope="module")
-def run(comfy, compile_backend):
+def run(comfy):
     import comfy.model_management as mm
     from torch._dynamo.utils import counters
 
@@ -41,7 +41,7 @@ def run(comfy, compile_backend):
     (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
     graphs: list[int] = []
 
-    backend = torch._dynamo.lookup_backend(compile_backend)
+    backend = torch._dynamo.lookup_backend("eager")
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs):
         graphs.append(len(gm.graph.nodes))
