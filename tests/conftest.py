@@ -99,7 +99,7 @@ def compile_backend() -> str:
     dynamo: which graphs dynamo captures, what they hold, what they guard on (no recompiles), and that
     the latents match; the eager backend runs the captured graphs as they are. Inductor's code
     generation is torch's, the same under every ComfyUI version, and costs about 2.5 minutes on 2 cores
-    on a fresh machine (no inductor cache; the eager backend: 40 s), so it runs on one version."""
+    on a fresh machine (no inductor cache; the eager backend: 30 s), so it runs on one version."""
     return os.environ.get("PATCHBAY_COMPILE_BACKEND") or "inductor"
 
 
@@ -128,10 +128,10 @@ def _memory_back_after_each_module():
     ``arch_sampling.shared_model`` keeps the tiny Flux (2.3 GB in fp32) and SDXL loaded for the tests
     that only clone them (``gguf_sampling.shared_gguf`` their GGUF files, 1.1 GB), and the Merge node's
     process-wide cache keeps up to ``cache_mb`` of merge results: all are emptied here, so the next
-    module that needs them loads them again (seconds) instead of the whole session, servers and browser
-    included, running beside them. glibc keeps
-    freed tensor memory in the heap for the process to reuse (about 1 GB per loaded checkpoint, never
-    given back: one version's T1 grew to 12 GB); ``malloc_trim`` returns it. Measured on T1: 6.8 GB
+    module that needs them loads them again (seconds) instead of the whole session, servers and
+    browser included, running beside them. glibc keeps freed tensor memory in the heap for the process
+    to reuse (about 1 GB per loaded checkpoint, never given back: one version's T1 grew to 12 GB);
+    ``malloc_trim`` returns it. Measured on T1: 6.8 GB
     held after the merge-hook module, 3.4 GB after gc and malloc_trim, 1.0 GB with the shared models
     freed.
     """
