@@ -14,6 +14,7 @@ made small, and why, is said there). Conditioning is synthesized (devtools/arch_
 - Wan 2.2 14B's two stages (KSamplerAdvanced, steps 0-2 of 3 on the high-noise expert, 2-3 on the
   low-noise one) with a LoRA hook on the high-noise stage only equal LoraLoader on the high-noise model.
 - SD2.1 768-v: the tiny SD2 UNet with v-prediction set by core's ModelSamplingDiscrete, as the first test.
+- A diffusers LoRA on fused weights (SD3.5's qkv) is claimed for a TorchCompileModel model's graphs.
 
 Flux.2 and Cosmos Predict2 are built small on ComfyUI 0.33 only (0.3.75 fixes Flux.2's 48 heads, 6144
 wide, and Cosmos Predict2's 10 blocks): they are not collected on 0.3.75.
@@ -217,6 +218,22 @@ def _wider_wan() -> tiny_dits.Family:
     wan = tiny_dits.FAMILIES["wan21"]
     return dataclasses.replace(wan, name="wan21", config={**wan.config, "dim": 256, "num_heads": 2,
                                                          "ffn_dim": 512})
+
+
+def test_a_diffusers_lora_on_fused_weights_runs_in_the_graphs_of_a_compiled_model(comfy, dits, engine):
+    """SD3.5's diffusers LoRA patches q, k and v as slices of the fused qkv (ComfyUI's offset patches).
+    Run low-rank, they need no dense delta, so on a model compiled by TorchCompileModel the engine claims
+    the hook for its compiled run instead of leaving it to core (a dense delta would: hooks/engine.py)."""
+    family, model, lora = dits.get("sd35", "diffusers")
+    compiled = comfy.nodes.NODE_CLASS_MAPPINGS["TorchCompileModel"].execute(model, "eager")[0]
+    fast = engine.enable_hook_engine(compiled)
+    hooks = arch_sampling.hook_lora(lora, STRENGTH)
+    options = {**fast.model_options,
+               "transformer_options": dict(fast.model_options.get("transformer_options", {}))}
+    claimed = engine.hook_engine_of(fast).claim(fast, hooks, options)
+    assert claimed == hooks.hooks, "the sliced LoRA was left to core on the compiled model"
+    run = options["transformer_options"][comfy.pack.hooks.engine.RUN_KEY]
+    assert run.compiled is not None, "the engine did not see the model as compiled"
 
 
 def test_a_lora_of_another_size_is_refused_not_silently_skipped(comfy, dits, engine):
