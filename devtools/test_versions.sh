@@ -11,9 +11,9 @@
 #      side), else in turn with every core.
 #      Measured on a 2-core 23 GB machine: the two T1s side by side took 954 s of wall time, where
 #      in turn they had taken 1644 + 986 s (one torch thread per process loses little on tiny
-#      models), with 12.9 GB used at the peak (each T1 peaks near 8 GB, the tiny Flux and a
-#      LoRA-patched copy of it). A server phase keeps about one core busy, so beside the other lane's
-#      T1 it costs little. The first lane's output is shown live, the others' after it
+#      models); a whole run peaks near 11.5 GB of private memory (each T1 near 6 GB at its tiny Flux
+#      tests; in the T3s, the two servers and Chromium). A server phase keeps about one core busy,
+#      so beside the other lane's T1 it costs little. The first lane's output is shown live, the others' after it
 #      (.cache/test-logs/<version>.log). Inductor runs on the last version only (tests/conftest.py
 #      ``compile_backend``), which balances the lanes: the first carries the tests marked once.
 #      Inductor's compiled kernels are cached beside the environments (~/.cache/patchbay/inductor).

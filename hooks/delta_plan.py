@@ -237,9 +237,9 @@ def _output_rows(pk: PatchKey, kind: str, weight: torch.Tensor) -> tuple[int, in
 def _full_rows(up: torch.Tensor, pk: PatchKey, weight: torch.Tensor) -> torch.Tensor:
     """The up projection of a patch on some output rows, zero on the rest: (out, r), so the slice's delta
     is a low-rank delta of the whole weight (a few KB where the dense delta is the weight's size)."""
-    first, count = _output_rows(pk, "linear", weight)
     if pk.offset is None:
         return up
+    _dim, first, count = pk.offset  # dim 0 of a Linear weight: _is_low_rank let nothing else through
     full = up.new_zeros((int(weight.shape[0]), up.numel() // count))
     full[first:first + count] = up.reshape(count, -1)
     return full

@@ -131,9 +131,8 @@ def _memory_back_after_each_module():
     module that needs them loads them again (seconds) instead of the whole session, servers and
     browser included, running beside them. glibc keeps freed tensor memory in the heap for the process
     to reuse (about 1 GB per loaded checkpoint, never given back: one version's T1 grew to 12 GB);
-    ``malloc_trim`` returns it. Measured on T1: 6.8 GB
-    held after the merge-hook module, 3.4 GB after gc and malloc_trim, 1.0 GB with the shared models
-    freed.
+    ``malloc_trim`` returns it. Measured on T1: 6.8 GB held after the merge-hook module, 3.4 GB after
+    gc and malloc_trim, 1.0 GB with the shared models freed.
     """
     yield
     _free_shared_models()
@@ -337,11 +336,11 @@ def comfy_server(models):
     from stand_ins import PACKS
     from vendor_packs import ensure_packs
 
-    version = devpaths.comfyui_version()
-    log = devpaths.output_dir() / "logs" / f"test-comfyui-{version}.log"
+    version, outputs = devpaths.comfyui_version(), devpaths.output_dir()
+    log = outputs / "logs" / f"test-comfyui-{version}.log"
     # one output folder per version: `make test` runs the versions' servers side by side, and ComfyUI
     # numbers a saved file by the files already in its folder
-    output = devpaths.output_dir() / f"test-comfyui-{version}"
+    output = outputs / f"test-comfyui-{version}"
     with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
                      extra_packs={**ensure_packs(version), **PACKS}) as server:
         yield server
