@@ -18,6 +18,7 @@ import ctypes
 import gc
 import json
 import os
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -145,9 +146,14 @@ def _memory_back_after_each_module():
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """After the last test of a function (all its parameters), its shared models are freed: a module
+    """After each test, ComfyUI's folder listings are dropped (a passed test's ``tmp_path`` is deleted at
+    its teardown, and a cached listing that names a deleted folder raises on its next use). After the
+    last test of a function (all its parameters), its shared models are freed: a module
     that samples the tiny Flux in one test otherwise holds its 2.3 GB through every later test of the
     module (the next function that needs it loads it again, in seconds)."""
+    folder_paths = sys.modules.get("folder_paths")
+    if folder_paths is not None:  # ComfyUI's folder listings: a test's temporary model folders are
+        folder_paths.filename_list_cache.clear()  # deleted after it, and a listing stats its folders
     same_function = (nextitem is not None and nextitem.module is item.module
                      and getattr(nextitem, "originalname", None) == getattr(item, "originalname", None))
     if not same_function and _free_shared_models():
@@ -328,8 +334,10 @@ def comfy_server(models):
     The real AnimateDiff-Evolved and Advanced-ControlNet are loaded next to it, as the vendor folder
     pins them for this ComfyUI version (devtools/vendor_packs.py), and the test-only stand-in nodes
     (devtools/stand_ins.py: conditioning for a text encoder that cannot be tiny). Images go to
-    output/test-comfyui-<version>/, the server log to output/logs/test-comfyui-<version>.log; the
-    frontend settings keep first-run popups out of the browser tests' way.
+    output/test-comfyui-<version>/, emptied when the server starts (a run keeps the previous run's
+    files for a look, not every run's: each adds about 3 GB of saved merges and LoRAs), the server log
+    to output/logs/test-comfyui-<version>.log; the frontend settings keep first-run popups out of the
+    browser tests' way.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
@@ -341,6 +349,7 @@ def comfy_server(models):
     # one output folder per version: `make test` runs the versions' servers side by side, and ComfyUI
     # numbers a saved file by the files already in its folder
     output = outputs / f"test-comfyui-{version}"
+    shutil.rmtree(output, ignore_errors=True)
     with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
                      extra_packs={**ensure_packs(version), **PACKS}) as server:
         yield server
