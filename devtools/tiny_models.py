@@ -87,14 +87,15 @@ class ModelDeterminismError(RuntimeError):
     """A freshly generated file does not match its sum in the manifest."""
 
 
-
-
 LORAS = (
     LoraSpec("patchbay-lora-r4", "lora", 4), LoraSpec("patchbay-lora-r16", "lora", 16),
     LoraSpec("patchbay-locon-r4", "locon", 4), LoraSpec("patchbay-locon-r8", "locon", 8),
     LoraSpec("patchbay-loha-r4", "loha", 4), LoraSpec("patchbay-loha-r8", "loha", 8),
     LoraSpec("patchbay-lokr-r4", "lokr", 4), LoraSpec("patchbay-lokr-r8", "lokr", 8, decompose_both=True),
 )
+# what most tests sample: checkpoint a and its plain kohya LoRA (tests/conftest.py ``sd15``)
+SD15_CHECKPOINT = f"patchbay-sd15-tiny-{CHECKPOINT_VARIANTS[0]}.safetensors"
+SD15_LORA = f"{LORAS[0].name}.safetensors"
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,36 @@ def merge_library(comfy) -> types.ModuleType:
     return package
 
 
+# ---- the tiny SD1.5 scene that the t1 modules sampling a checkpoint share --------------------------
+
+@pytest.fixture(scope="module")
+def sd15(comfy, models) -> types.SimpleNamespace:
+    """The tiny SD1.5 checkpoint through ComfyUI's own nodes, one per module (freed with it):
+    ``nodes`` (node classes by id), ``model``, ``clip``, ``vae`` (CheckpointLoaderSimple of
+    ``tiny_models.SD15_CHECKPOINT``, or of ``checkpoint(name)`` for another one), ``encode(text)``
+    (CLIPTextEncode), ``latent`` (EmptyLatentImage 64 x 64: an 8 x 8 latent), ``lora_hooks(model_strength=1,
+    clip_strength=1)`` (CreateHookLora of ``tiny_models.SD15_LORA``) and ``hooked(cond, hooks)``
+    (ConditioningSetProperties: the hooks on the whole cond). A module's own sampler settings stay in
+    the module."""
+    from tiny_models import SD15_CHECKPOINT, SD15_LORA
+
+    n = comfy.nodes.NODE_CLASS_MAPPINGS
+
+    def checkpoint(name: str = SD15_CHECKPOINT) -> tuple:
+        return n["CheckpointLoaderSimple"]().load_checkpoint(name)
+
+    def lora_hooks(model_strength: float = 1.0, clip_strength: float = 1.0):
+        return n["CreateHookLora"]().create_hook(SD15_LORA, model_strength, clip_strength)[0]
+
+    model, clip, vae = checkpoint()
+    return types.SimpleNamespace(
+        nodes=n, model=model, clip=clip, vae=vae, checkpoint=checkpoint, lora_hooks=lora_hooks,
+        encode=lambda text: n["CLIPTextEncode"]().encode(clip, text)[0],
+        latent=n["EmptyLatentImage"]().generate(64, 64, 1)[0],
+        hooked=lambda cond, hooks: n["ConditioningSetProperties"]().set_properties(cond, 1.0, "default",
+                                                                                  hooks=hooks)[0])
+
+
 # The per-process model caches of devtools (module, function): emptied after each test function.
 SHARED_MODELS = (("arch_sampling", "shared_model"), ("gguf_sampling", "shared_gguf"))
 

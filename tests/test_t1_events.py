@@ -19,11 +19,10 @@ import types
 
 import pytest
 import torch
+from tiny_models import SD15_LORA as LORA
 
 pytestmark = pytest.mark.t1
 
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA = "patchbay-lora-r4.safetensors"
 STEPS = 3
 SPECIAL = {"dpm_adaptive": {"scheduler": "karras", "denoise": 0.1}}
 OFF_GRID = {"dpm_fast", "dpm_adaptive"}  # followed by sigma intervals (patcher/step_clock.py)
@@ -60,18 +59,14 @@ def pb(comfy):
 
 
 @pytest.fixture(scope="module")
-def env(comfy, models, pb):
-    n = comfy.nodes.NODE_CLASS_MAPPINGS
-    model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight")
-    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
-    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)  # an 8x8 latent
-    listened = pb.model_patcher.upgrade(model)
+def env(sd15, pb):
+    listened = pb.model_patcher.upgrade(sd15.model)
     log: list = []
     for event in pb.events.EVENTS:
         pb.events.add_event_listener(listened, event, "log", log.append)
-    return types.SimpleNamespace(nodes=n, model=model, clip=clip, positive=positive, negative=negative,
-                                 latent=latent, listened=listened, log=log)
+    return types.SimpleNamespace(nodes=sd15.nodes, model=sd15.model, clip=sd15.clip,
+                                 positive=sd15.encode("a knight"), negative=sd15.encode("blurry"),
+                                 latent=sd15.latent, listened=listened, log=log)
 
 
 def ksample(env, model, sampler="euler", scheduler="normal", steps=STEPS, denoise=1.0, positive=None):

@@ -15,15 +15,13 @@ import types
 
 import pytest
 import torch
+from tiny_models import SD15_LORA
 
 pytestmark = pytest.mark.t1
 
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA = "patchbay-lora-r4.safetensors"
-
 
 @pytest.fixture(scope="module")
-def rig(comfy):
+def rig(comfy, sd15):
     import comfy.model_patcher as model_patcher
 
     n = comfy.nodes.NODE_CLASS_MAPPINGS
@@ -40,12 +38,9 @@ def rig(comfy):
         if core_delegate is not None:
             get_non_dynamic_delegate = core_delegate
 
-    model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    encode = n["CLIPTextEncode"]().encode
-    (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
-    props = n["ConditioningSetProperties"]()
-    plain = encode(clip, "a knight in armor")[0], encode(clip, "blurry")[0]
-    hooked = [props.set_properties(c, 1.0, "default", hooks=hooks)[0] for c in plain]
+    model, clip, hooks = sd15.model, sd15.clip, sd15.lora_hooks()
+    plain = sd15.encode("a knight in armor"), sd15.encode("blurry")
+    hooked = [sd15.hooked(c, hooks) for c in plain]
     he = comfy.pack.hooks.enable
     mp = comfy.pack.patcher.model_patcher
     return types.SimpleNamespace(n=n, model=model, clip=clip, plain=plain, hooked=hooked, he=he, mp=mp,
@@ -97,7 +92,7 @@ def test_a_dynamic_model_stays_on_the_engine_with_no_second_load(rig):
     # Sampling (the aimdo-only loading steps of a real dynamic patcher cannot run on a CPU) equals
     # LoraLoader, through the engine.
     fast.dynamic = False
-    baked, _ = rig.n["LoraLoader"]().load_lora(rig.model, rig.clip, LORA, 1.0, 0.0)
+    baked, _ = rig.n["LoraLoader"]().load_lora(rig.model, rig.clip, SD15_LORA, 1.0, 0.0)
     expected = sample(rig, baked, rig.plain)
     mm.unload_all_models()
     actual = sample(rig, fast, rig.hooked)

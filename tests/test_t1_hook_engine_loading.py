@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import SD15_CHECKPOINT as CKPT
+from tiny_models import SD15_LORA as LORA
 
 pytestmark = pytest.mark.t1
 
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA = "patchbay-lora-r4.safetensors"
-
 
 @pytest.fixture(scope="module")
-def env(comfy):
-    n = comfy.nodes.NODE_CLASS_MAPPINGS
-    model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    encode = n["CLIPTextEncode"]().encode
-    (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
-    props = n["ConditioningSetProperties"]()
-    pos, neg = encode(clip, "a knight in armor")[0], encode(clip, "blurry")[0]
-    hooked = [props.set_properties(c, 1.0, "default", hooks=hooks)[0] for c in (pos, neg)]
-    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
+def env(comfy, sd15):
+    n, model, clip, latent = sd15.nodes, sd15.model, sd15.clip, sd15.latent
+    hooks = sd15.lora_hooks()
+    pos, neg = sd15.encode("a knight in armor"), sd15.encode("blurry")
+    hooked = [sd15.hooked(c, hooks) for c in (pos, neg)]
     he = comfy.pack.hooks.enable
 
     def sample(model, conds):

@@ -32,13 +32,10 @@ def node(pack):
 
 
 @pytest.fixture(scope="module")
-def core(comfy):
-    n = comfy.nodes.NODE_CLASS_MAPPINGS
-    model_a, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT_A)
-    model_b, _, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT_B)
-    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight in armor")
-    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
-    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
+def core(sd15):
+    n, model_a, clip, latent = sd15.nodes, sd15.model, sd15.clip, sd15.latent
+    model_b = sd15.checkpoint(CKPT_B)[0]
+    positive, negative = sd15.encode("a knight in armor"), sd15.encode("blurry")
 
     def sample(model):
         with torch.inference_mode():  # as ComfyUI's executor

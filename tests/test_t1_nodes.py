@@ -9,9 +9,6 @@ import torch
 
 pytestmark = pytest.mark.t1
 
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA = "patchbay-lora-r4.safetensors"
-
 
 def workflow_node_types() -> set[str]:
     import devpaths
@@ -177,25 +174,21 @@ def test_floats_text_error_reaches_the_user_with_its_column(comfy):
 
 
 @pytest.fixture(scope="module")
-def sampling(comfy, models):
-    n = comfy.nodes.NODE_CLASS_MAPPINGS
-    model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight in armor")
-    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
-    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
+def sampling(comfy, sd15):
+    n, model, latent = sd15.nodes, sd15.model, sd15.latent
+    positive, negative = sd15.encode("a knight in armor"), sd15.encode("blurry")
 
     def sample(model_in, pos):
         (out,) = n["KSampler"]().sample(model_in, 7, 4, 7.0, "euler", "normal", pos, negative, latent)
         return out["samples"]
 
     def hooked(strength_text: str | None):
-        (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
+        hooks = sd15.lora_hooks()
         if strength_text is not None:
             (values, _count) = comfy.pack.NODE_CLASS_MAPPINGS["PatchbayFloatsFromText"]().make(strength_text)
             (kf,) = n["CreateHookKeyframesFromFloats"]().create_hook_keyframes(values, 0.0, 1.0)
             (hooks,) = n["SetHookKeyframes"]().set_hook_keyframes(hooks, kf)
-        (pos,) = n["ConditioningSetProperties"]().set_properties(positive, 1.0, "default", hooks=hooks)
-        return sample(model, pos)
+        return sample(model, sd15.hooked(positive, hooks))
 
     return sample, hooked, model, positive
 

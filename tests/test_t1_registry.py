@@ -16,9 +16,6 @@ import torch
 
 pytestmark = pytest.mark.t1
 
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA = "patchbay-lora-r4.safetensors"
-
 
 @pytest.fixture(scope="module")
 def pb(comfy):
@@ -28,21 +25,16 @@ def pb(comfy):
 
 
 @pytest.fixture(scope="module")
-def env(comfy, models):
-    n = comfy.nodes.NODE_CLASS_MAPPINGS
-    model, clip, _ = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight")
-    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
-    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)  # an 8x8 latent
+def env(sd15):
+    n, model, clip, latent = sd15.nodes, sd15.model, sd15.clip, sd15.latent
+    positive, negative = sd15.encode("a knight"), sd15.encode("blurry")
 
     def sample(m, positive=positive, steps=1, cfg=1.0, sampler="euler"):
         (out,) = n["KSampler"]().sample(m, 3, steps, cfg, sampler, "normal", positive, negative, latent)
         return out["samples"]
 
     def hooked_positive():
-        (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
-        (cond,) = n["ConditioningSetProperties"]().set_properties(positive, 1.0, "default", hooks=hooks)
-        return cond
+        return sd15.hooked(positive, sd15.lora_hooks())
 
     return types.SimpleNamespace(model=model, clip=clip, sample=sample, hooked_positive=hooked_positive,
                                  nodes=n)

@@ -9,26 +9,19 @@ import torch
 
 pytestmark = pytest.mark.t1
 
-CKPT = "patchbay-sd15-tiny-a.safetensors"
-LORA = "patchbay-lora-r4.safetensors"
-
 
 @pytest.fixture(scope="module")
-def traced_run(comfy):
+def traced_run(comfy, sd15):
     import comfy.model_management as mm
 
     n, ours = comfy.nodes.NODE_CLASS_MAPPINGS, comfy.pack.NODE_CLASS_MAPPINGS
-    model, clip, _vae = n["CheckpointLoaderSimple"]().load_checkpoint(CKPT)
-    (traced,) = ours["PatchbayTrace"]().execute(model)
-    (positive,) = n["CLIPTextEncode"]().encode(clip, "a knight in armor")
-    (negative,) = n["CLIPTextEncode"]().encode(clip, "blurry")
-    (hooks,) = n["CreateHookLora"]().create_hook(LORA, 1.0, 1.0)
+    (traced,) = ours["PatchbayTrace"]().execute(sd15.model)
+    positive, negative, hooks = sd15.encode("a knight in armor"), sd15.encode("blurry"), sd15.lora_hooks()
     (keyframes,) = n["CreateHookKeyframesFromFloats"]().create_hook_keyframes([0.0, 1.0, 1.0, 1.0], 0.0, 1.0)
     (hooks,) = n["SetHookKeyframes"]().set_hook_keyframes(hooks, keyframes)
-    (positive,) = n["ConditioningSetProperties"]().set_properties(positive, 1.0, "default", hooks=hooks)
-    (latent,) = n["EmptyLatentImage"]().generate(64, 64, 1)
-    (samples,) = n["KSampler"]().sample(traced, 1, 4, 7.0, "euler", "normal", positive, negative, latent)
-    yield model, traced, samples
+    positive = sd15.hooked(positive, hooks)
+    (samples,) = n["KSampler"]().sample(traced, 1, 4, 7.0, "euler", "normal", positive, negative, sd15.latent)
+    yield sd15.model, traced, samples
     mm.unload_all_models()
 
 
