@@ -70,6 +70,7 @@ run_pytest() {  # $1 version, $2 phase name, $3 tiers; records status and second
     local once=""; [ "$1" = "$first" ] || once=1  # tests marked once: the first version only
     local backend=eager; [ "$1" = "$last" ] && backend=inductor  # compile tests: tests/conftest.py
     PATCHBAY_ONCE_DONE="$once" PATCHBAY_COMPILE_BACKEND="$backend" PATCHBAY_TIERS="$3" \
+        PATCHBAY_HEAVY_LOCK="$logs/heavy-tests.lock" \
         PATCHBAY_COMFYUI="$dir/comfyui" \
         PATCHBAY_MEM_LABEL="$labels/$1-$2" PATCHBAY_TEST_REPORT="$logs/report-$1-$2.json" \
         "$dir/venv/bin/python" -m pytest "${pytest_args[@]}"

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "devtools"))
 
 import devpaths  # noqa: E402
+import lane_gate  # noqa: E402
+import memwatch  # noqa: E402
 import pack_imports  # noqa: E402
 
 pack_imports.use_standalone_names()
@@ -180,15 +182,22 @@ def pytest_runtest_teardown(item, nextitem):
     its teardown, and a cached listing that names a deleted folder raises on its next use). After the
     last test of a function (all its parameters), its shared models are freed: a module
     that samples the tiny Flux in one test otherwise holds its 2.3 GB through every later test of the
-    module (the next function that needs it loads it again, in seconds)."""
+    module (the next function that needs it loads it again, in seconds). A process that holds more than
+    GC_ABOVE_BYTES after a test collects its garbage and trims its heap: ComfyUI's patchers and models
+    sit in reference cycles that Python's collector reaches only now and then (measured on 0.33's T1:
+    a test module's peak 5.7 GB without, 4.3 GB with; 4.6 GB held into the next module without,
+    1.7 GB with). Then the heavy-test gate opens unless the next test is heavy too (HEAVY_GATE)."""
     folder_paths = sys.modules.get("folder_paths")
     if folder_paths is not None:  # ComfyUI's folder listings: a test's temporary model folders are
         folder_paths.filename_list_cache.clear()  # deleted after it, and a listing stats its folders
     same_function = (nextitem is not None and nextitem.module is item.module
                      and getattr(nextitem, "originalname", None) == getattr(item, "originalname", None))
-    if not same_function and _free_shared_models():
+    freed = not same_function and _free_shared_models()
+    if freed or memwatch.resident_bytes(os.getpid()) > GC_ABOVE_BYTES:
         gc.collect()
         _return_freed_memory()
+    if not (_is_heavy(nextitem) and nextitem.module is item.module):
+        HEAVY_GATE.leave()
 
 
 def _free_shared_models() -> bool:
@@ -206,6 +215,22 @@ def _free_shared_models() -> bool:
 def _return_freed_memory() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+GC_ABOVE_BYTES = 2500 << 20  # T1's process holds about 1 GB with ComfyUI and the pack loaded
+
+
+def _is_heavy(item) -> bool:
+    """Marked ``heavy``: the test peaks above about 4.3 GB (the tiny Flux in fp32 and a patched copy;
+    measured per test). `make test` runs its lanes side by side and sets $PATCHBAY_HEAVY_LOCK, one file
+    for all lanes: two heavy tests at once in two lanes would take the run past the suite's 10 GB, and
+    every other T1 test stays under about 4.3 GB. The gate is taken before a heavy test's fixtures are
+    set up, and given back after its teardown has freed its models, or after the last of a run of heavy
+    tests in one module. Unset (pytest by hand): no gate."""
+    return item is not None and item.get_closest_marker("heavy") is not None
+
+
+HEAVY_GATE = lane_gate.LaneGate(os.environ.get("PATCHBAY_HEAVY_LOCK"))
 
 
 @pytest.fixture(scope="session")
@@ -288,9 +313,13 @@ def _tier_of(keywords) -> str | None:
     return next((tier for tier in TIERS if tier in keywords), None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures load its models
 def pytest_runtest_setup(item):
     """Name the running tier in $PATCHBAY_MEM_LABEL's file, so devtools/memwatch.py (which `make test`
-    runs beside the tests) attributes the memory it samples to this version and tier."""
+    runs beside the tests) attributes the memory it samples to this version and tier; a heavy test
+    waits for the heavy-test gate (HEAVY_GATE)."""
+    if _is_heavy(item):
+        HEAVY_GATE.enter()
     tier = _tier_of(item.keywords)
     label_file = os.environ.get("PATCHBAY_MEM_LABEL")
     if tier and label_file and _current_tier != [tier]:
@@ -333,6 +362,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     ran = {tier: seconds for tier, seconds in _tier_seconds.items() if _tier_outcomes[tier]}
     terminalreporter.write_line("tier seconds (setup, call and teardown of its tests) -> "
                                 + (", ".join(f"{t}: {s:.0f}" for t, s in ran.items()) or "none"))
+    if HEAVY_GATE.waited >= 1:
+        terminalreporter.write_line(f"heavy tests waited {HEAVY_GATE.waited:.0f} s for another lane's "
+                                    "(the heavy-test gate, tests/conftest.py)")
     report = os.environ.get("PATCHBAY_TEST_REPORT")
     if report:  # read by devtools/test_versions.sh for its summary table
         Path(report).write_text(json.dumps({"version": _comfyui_version_or_none(), "exit": int(exitstatus),

@@ -59,6 +59,7 @@ def max_error(latent: torch.Tensor, reference: torch.Tensor) -> float:
     return ((latent - reference).abs().max() / reference.abs().max()).item()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("arch", "lora_name"), SAME_LORAS)
 def test_core_hook_equals_loraloader(runs, arch, lora_name):
     model = runs.models[arch]

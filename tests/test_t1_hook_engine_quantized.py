@@ -242,6 +242,7 @@ def quantization_noise(loaded, fmt):
     return (plain(loaded, fmt) - plain(loaded, "float")).abs().max().item()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_model_as_lora_hook_dequantizes_through_comfyui(loaded, engine, caplog, fmt):
     """A model-as-LoRA hook needs W (its delta is W2 - W): the engine takes W from the layer's own

@@ -460,6 +460,7 @@ ARCH_BLOCK_CASES = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.once
 @pytest.mark.parametrize(("arch", "lora", "zeroed", "prefixes"), ARCH_BLOCK_CASES,
                          ids=[case[1].removesuffix(".safetensors") for case in ARCH_BLOCK_CASES])

@@ -97,6 +97,7 @@ def test_a_graph_model_enters_with_its_patches_and_stays_untouched(comfy, node, 
     assert weights_digest(core.a) == digest
 
 
+@pytest.mark.heavy
 def test_an_unchanged_graph_model_is_served_from_the_merge_cache_and_a_patched_one_is_not(node, core, pack):
     """Issue 32 item 4: a graph MODEL is a recipe leaf holding the model (no registry): the leaf made again
     for the same model, or a clone of it (same weights, same patches), equals the first and merges from
