@@ -89,6 +89,8 @@ def comfy(models, tmp_path_factory):
     pack = comfy_inprocess.load_pack(nodes, _pack_parent())
     import folder_paths
 
+    gc.collect()
+    gc.freeze()  # what import made lives as long as the process: no collection walks it again
     return types.SimpleNamespace(nodes=nodes, folder_paths=folder_paths, pack=pack)
 
 

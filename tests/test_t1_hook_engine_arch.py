@@ -2,7 +2,8 @@
 
 Conditioning is synthesized (devtools/arch_sampling.py). A hook on both conds equals LoraLoader, also
 for Flux kohya, diffusers and BFL-layout LoRAs; a BFL-layout Flux control LoRA (one that widens
-img_in) is refused with a clear error; masked regional and scheduled hooks equal core's hook path.
+img_in) is refused with a clear error; masked regional and scheduled hooks equal core's hook path; Hook
+Block Weights on SDXL and Flux LoRAs equals the LoRA file without those blocks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import arch_sampling
+import hook_rig
 import pytest
 import torch
 
@@ -102,3 +104,47 @@ def test_bfl_layout_flux_control_lora_is_refused_with_a_fix(engine, weights_dige
     with pytest.raises(ValueError, match=expected):
         sample("flux", model, hooks=widening)
     assert weights_digest(model) == before and not model.hook_patches and not model.patches
+
+
+# --- Hook Block Weights on SDXL and Flux LoRAs (the node; its SD1.5 cases: test_t1_hook_nodes.py) ---------
+# arch "auto" throughout: ComfyUI detects the tiny SDXL as KOALA_700M, a pruned SDXL (a subclass of SDXL).
+# (LoRA, block map entry that zeroes a group of blocks, key prefixes of that group in the file)
+ARCH_BLOCK_CASES = [
+    ("sdxl", "patchbay-sdxl-locon-r8.safetensors", "OUT*=0", ("lora_unet_output_blocks_",)),
+    ("flux", "patchbay-flux-kohya-r8.safetensors", "single_blocks.*=0", ("lora_unet_single_blocks_",)),
+    ("flux", "patchbay-flux-diffusers-r8.safetensors", "single_blocks.*=0",
+     ("transformer.single_transformer_blocks.",)),
+    # BFL layout (img_in keeps its shape): the detection keys (img_in, single_blocks.0 norms) stay
+    ("flux", "patchbay-flux-bfl-keep-r8.safetensors", "double_blocks.*=0", ("double_blocks.",)),
+]
+
+
+@pytest.mark.once
+@pytest.mark.parametrize(("arch", "lora", "zeroed", "prefixes"), ARCH_BLOCK_CASES,
+                         ids=[case[1].removesuffix(".safetensors") for case in ARCH_BLOCK_CASES])
+def test_block_weights_on_sdxl_and_flux_loras_equal_the_file_without_those_blocks(
+        comfy, engine, arch, lora, zeroed, prefixes):
+    """Run once: which keys a block map zeroes is the pack's (hooks/block_weights.py); both sides load the
+    LoRA through the same ComfyUI, and its key mapping per version is test_t1_hook_engine_families'."""
+    import comfy.sd as core_sd  # as core_sd: ``comfy`` is the fixture here
+
+    weigh = comfy.nodes.NODE_CLASS_MAPPINGS["PatchbayHookBlockWeights"]().execute
+    model = arch_sampling.shared_model(arch)
+    fast = engine.enable_hook_engine(model)
+    steps = {"sdxl": 3, "flux": 2}[arch]
+
+    def run(m, hooks=None):
+        return arch_sampling.sample(m, arch_sampling.make_cond(arch, 1, hooks=hooks),
+                                    arch_sampling.make_cond(arch, 2, hooks=hooks), seed=0, steps=steps)
+
+    full = arch_sampling.lora_state_dict(lora)
+    kept = {k: v for k, v in full.items() if not k.startswith(prefixes)}
+    assert 0 < len(kept) < len(full), "the case must drop some keys and keep others"
+    expected = run(core_sd.load_lora_for_models(model, None, kept, 1.0, 0.0)[0])  # LoraLoader's body
+    whole = run(arch_sampling.load_lora(model, lora, 1.0))
+    assert (expected - whole).abs().max() > 1e-3 * expected.abs().max(), "the dropped blocks change nothing"
+    (weighted,) = weigh(arch_sampling.hook_lora(lora, 1.0), model, zeroed, "auto")
+    hook_rig.assert_close(run(fast, weighted), expected, f"{lora} {zeroed} on the fast engine")
+    (half,) = weigh(arch_sampling.hook_lora(lora, 1.0), model, "default=0.5", "auto")
+    hook_rig.assert_close(run(fast, half), run(fast, arch_sampling.hook_lora(lora, 0.5)),
+                          f"{lora} default=0.5")

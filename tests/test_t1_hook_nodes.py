@@ -448,51 +448,6 @@ def test_block_map_errors(rig, text, needle):
 
 # Block weights on the tiny SDXL and Flux models: a block set to 0 equals the LoRA file without that
 # block's keys (LoraLoader, which parses every layout), default=0.5 equals the LoRA at strength 0.5.
-# arch "auto" throughout: ComfyUI detects the tiny SDXL as KOALA_700M, a pruned SDXL (a subclass of SDXL).
-# (LoRA, block map entry that zeroes a group of blocks, key prefixes of that group in the file)
-ARCH_BLOCK_CASES = [
-    ("sdxl", "patchbay-sdxl-locon-r8.safetensors", "OUT*=0", ("lora_unet_output_blocks_",)),
-    ("flux", "patchbay-flux-kohya-r8.safetensors", "single_blocks.*=0", ("lora_unet_single_blocks_",)),
-    ("flux", "patchbay-flux-diffusers-r8.safetensors", "single_blocks.*=0",
-     ("transformer.single_transformer_blocks.",)),
-    # BFL layout (img_in keeps its shape): the detection keys (img_in, single_blocks.0 norms) stay
-    ("flux", "patchbay-flux-bfl-keep-r8.safetensors", "double_blocks.*=0", ("double_blocks.",)),
-]
-
-
-@pytest.mark.heavy
-@pytest.mark.once
-@pytest.mark.parametrize(("arch", "lora", "zeroed", "prefixes"), ARCH_BLOCK_CASES,
-                         ids=[case[1].removesuffix(".safetensors") for case in ARCH_BLOCK_CASES])
-def test_block_weights_on_sdxl_and_flux_loras_equal_the_file_without_those_blocks(
-        rig, arch, lora, zeroed, prefixes):
-    """Run once: which keys a block map zeroes is the pack's (hooks/block_weights.py); both sides load the
-    LoRA through the same ComfyUI, and its key mapping per version is test_t1_hook_engine_families'."""
-    import arch_sampling
-    import comfy.sd
-
-    engine = rig.comfy.pack.hooks.enable
-    weigh = rig.node("PatchbayHookBlockWeights").execute
-    model = arch_sampling.shared_model(arch)
-    fast = engine.enable_hook_engine(model)
-    steps = {"sdxl": 3, "flux": 2}[arch]
-
-    def run(m, hooks=None):
-        return arch_sampling.sample(m, arch_sampling.make_cond(arch, 1, hooks=hooks),
-                                    arch_sampling.make_cond(arch, 2, hooks=hooks), seed=0, steps=steps)
-
-    full = arch_sampling.lora_state_dict(lora)
-    kept = {k: v for k, v in full.items() if not k.startswith(prefixes)}
-    assert 0 < len(kept) < len(full), "the case must drop some keys and keep others"
-    expected = run(comfy.sd.load_lora_for_models(model, None, kept, 1.0, 0.0)[0])  # LoraLoader's body
-    whole = run(arch_sampling.load_lora(model, lora, 1.0))
-    assert (expected - whole).abs().max() > 1e-3 * expected.abs().max(), "the dropped blocks change nothing"
-    (weighted,) = weigh(arch_sampling.hook_lora(lora, 1.0), model, zeroed, "auto")
-    assert_close(run(fast, weighted), expected, f"{lora} {zeroed} on the fast engine")
-    (half,) = weigh(arch_sampling.hook_lora(lora, 1.0), model, "default=0.5", "auto")
-    assert_close(run(fast, half), run(fast, arch_sampling.hook_lora(lora, 0.5)), f"{lora} default=0.5")
-
-
 # --- LORA_STACK lists from other packs, and A1111 LoRA Block Weight presets / lists ------------------------
 # A stack's hooks sample as core's CreateHookLora chain and encode as core's SetClipHooks with it; each preset
 # resolves every LoRA target key of the tiny SD1.5 (and synthetic SDXL / Flux keys, every block) to exactly
