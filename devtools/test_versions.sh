@@ -11,8 +11,9 @@
 #      side), else in turn with every core.
 #      Measured on a 2-core 23 GB machine: the two T1s side by side took 954 s of wall time, where
 #      in turn they had taken 1644 + 986 s (one torch thread per process loses little on tiny
-#      models); a whole run peaked at 9965 MB of private memory (656b3d1), heavy tests taking turns
-#      across the lanes (PATCHBAY_HEAVY_LOCK, tests/conftest.py). A server phase keeps about one core busy,
+#      models); a whole run peaked at 10187 MB of private memory (00220aa: a T2 and a T3 server with
+#      Chromium; the two T1s 9.4 GB, heavy tests taking turns across the lanes: PATCHBAY_HEAVY_LOCK,
+#      tests/conftest.py). A server phase keeps about one core busy,
 #      so beside the other lane's T1 it costs little. The first lane's output is shown live, the others' after it
 #      (.cache/test-logs/<version>.log). Inductor runs on the last version only (tests/conftest.py
 #      ``compile_backend``), which balances the lanes: the first carries the tests marked once.
