@@ -125,6 +125,7 @@ class ComfyServer:
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
         self._log_file = None
+        self._log_mode = "w"  # "a" after a restart
         self._old_sigterm: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ class ComfyServer:
         self._log_path = Path(self._requested_log or tmp / "comfyui.log")
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self._log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in stop)
+        self._log_file = open(self._log_path, self._log_mode, encoding="utf-8")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
             self._command(comfy_dir, tmp), cwd=tmp, stdout=self._log_file, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=server_environment(), start_new_session=True,
@@ -223,6 +224,13 @@ class ComfyServer:
                     f"s while starting.\n{self.log_tail()}\nFull log: {self.log_path}"
                 )
             time.sleep(0.25)
+
+    def restart(self) -> ComfyServer:
+        """Stop and start again on the same port, the log continued: a fresh process holds none of the
+        memory the last one gathered (models, caches, a fragmented heap)."""
+        self.stop()
+        self._log_mode = "a"
+        return self.start()
 
     def stop(self) -> None:
         """Stop ComfyUI and everything it started (its process group); idempotent."""

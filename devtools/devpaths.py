@@ -50,6 +50,12 @@ def env_cache_dir() -> Path:
     return Path(os.environ.get("PATCHBAY_CACHE", Path.home() / ".cache" / "patchbay"))
 
 
+def models_store() -> Path:
+    """Tiny models by content (files named by their sha256), shared by every clone on this machine:
+    devtools/tiny_models.py links a clone's models from it instead of generating them again."""
+    return env_cache_dir() / "models"
+
+
 def vendor_dir() -> Path:
     """Third-party source archives (the shared vendor folder; $PATCHBAY_VENDOR moves it, as for env.sh)."""
     return Path(os.environ.get("PATCHBAY_VENDOR", ROOT.parent / "shared" / "vendor"))

@@ -3,7 +3,8 @@
 # ComfyUI, so it runs once, as do the tests marked ``once``, which say why):
 #
 #   1. setup: each version's environment (devtools/env.sh; side by side), ruff once, the tiny
-#      models (generated once into .cache/models, then reused by every version)
+#      models (.cache/models: hard-linked from the machine's store, ~/.cache/patchbay/models, else
+#      generated once and stored; then reused by every version)
 #   2. one lane per version: its T1 (in process), then its T2 + T3 (a live server, Chromium); the lane
 #      done first then runs t0 (pure, one torch thread; in the first version's environment). The lanes
 #      run side by side on a machine with a core and 10 GB of RAM per version (each with cores /

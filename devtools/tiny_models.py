@@ -23,8 +23,10 @@ names from ``comfy.lora``'s key maps. Weights are uniform with a fan-in-scaled s
 biases 0); at strength 1 a LoRA moves every weight it patches by LORA_REL of that scale. Every
 tensor comes from its own PCG64 stream, seeded by the file's seed and the key name, through exact
 float arithmetic only, so files are byte-identical on every machine. ``models.sha256`` next to
-this file pins their sums; ``ensure_models`` reuses files that match it, regenerates the rest and
-fails loudly when regeneration no longer matches.
+this file pins their sums; ``ensure_models`` reuses files that match it, links those it lacks from
+the store shared by this machine's clones (``devpaths.models_store()``: files named by their sha256,
+so only pinned content is ever linked), regenerates the rest and fails loudly when regeneration no
+longer matches.
 
 Generation imports ComfyUI (in CPU mode), so ``ensure_models`` runs it in a child process and the
 caller's ComfyUI state stays untouched. CLI: ``python devtools/tiny_models.py [--out DIR]
@@ -38,6 +40,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +84,9 @@ ATTENTION_SUFFIXES = ("_to_q", "_to_k", "_to_v", "_to_out_0", "_ff_net_0_proj", 
 CONV_SUFFIXES = ("_conv1", "_conv2", "_conv_shortcut", "_time_emb_proj", "samplers_0_conv")
 SAFETENSORS_DTYPES = {torch.float16: "F16", torch.float32: "F32", torch.float8_e4m3fn: "F8_E4M3"}
 _NO_NUMPY = (torch.float8_e4m3fn,)  # written as their bytes
+
+
+STORE = Path("<devpaths.models_store()>")  # ensure_models' default store, resolved when it is called
 
 
 class ModelDeterminismError(RuntimeError):
@@ -136,20 +142,27 @@ def all_rels() -> list[str]:
     return sd15 + tiny_arch.all_rels() + tiny_controlnet.all_rels() + tiny_wan.all_rels() + made_from
 
 
-def ensure_models(out_dir: Path, manifest: Path = MANIFEST) -> TinyModels:
+def ensure_models(out_dir: Path, manifest: Path = MANIFEST, store: Path | None = STORE) -> TinyModels:
     """Return the tiny models in ``out_dir``, generating missing or stale files first.
 
-    Files whose sha256 matches ``manifest`` are reused. The others are regenerated in a child
-    process (ComfyUI is imported there, never here) and must then match; if one does not,
-    ``ModelDeterminismError`` names it and says what to do.
+    Files whose sha256 matches ``manifest`` are reused. The others are hard-linked from ``store``
+    (default ``devpaths.models_store()``, shared by the clones on this machine; None: no store) where it
+    holds their pinned content, else regenerated in a child process (ComfyUI is imported there, never
+    here) and must then match; if one does not, ``ModelDeterminismError`` names it and says what to do.
+    Generated files are linked into the store for the next clone.
     """
     out_dir = Path(out_dir)
+    store = devpaths.models_store() if store is STORE else store
     sums = read_manifest(manifest)
     stale = stale_files(out_dir, sums, all_rels())
+    if stale and store is not None:
+        stale = link_from_store(store, out_dir, sums, stale)
     if stale:
         _run_generator(out_dir, manifest, stale)
         if mismatched := stale_files(out_dir, sums, stale):
             raise ModelDeterminismError(_determinism_message(mismatched, manifest))
+        if store is not None:
+            keep_in_store(store, out_dir, sums, stale)
     by_folder: dict[str, dict[str, Path]] = {}
     for rel in all_rels():
         folder, name = rel.split("/")
@@ -198,6 +211,69 @@ def stale_files(out_dir: Path, sums: dict[str, str], rels: Iterable[str]) -> lis
     if any(known.get(rel) != entry for rel, entry in seen.items()):
         _write_digests(out_dir, {**known, **seen})
     return stale
+
+
+def _store_name(rel: str, digest: str) -> str:
+    return digest + Path(rel).suffix
+
+
+def link_from_store(store: Path, out_dir: Path, sums: dict[str, str], rels: Iterable[str]) -> list[str]:
+    """Hard-link each of ``rels`` whose pinned content ``store`` holds into ``out_dir``; return the others.
+
+    A store file is used only if it still hashes to its name (the same stat-keyed digests as
+    ``stale_files``: a file written in place since it was hashed is hashed again, and dropped from the
+    store if it no longer matches). The link replaces the old file atomically, and the digests of both
+    folders are refreshed with the linked inode's new change time, so neither is read again (other
+    clones linked to the same file hash it once more: a new link changes its change time). Where a link
+    is impossible (another file system) the file is copied.
+    """
+    rels = list(rels)
+    names = {rel: _store_name(rel, sums[rel]) for rel in rels}
+    if not store.is_dir():
+        return rels
+    held = {name: name.split(".")[0] for name in set(names.values()) if (store / name).is_file()}
+    for name in stale_files(store, held, list(held)):
+        (store / name).unlink(missing_ok=True)  # changed in place since it was stored
+        del held[name]
+    linked = [rel for rel in rels if names[rel] in held]
+    for rel in linked:
+        _link(store / names[rel], out_dir / rel)
+    _remember(store, {names[rel]: sums[rel] for rel in linked})
+    _remember(out_dir, {rel: sums[rel] for rel in linked})
+    return [rel for rel in rels if rel not in linked]
+
+
+def keep_in_store(store: Path, out_dir: Path, sums: dict[str, str], rels: Iterable[str]) -> None:
+    """Hard-link the freshly generated and checked ``rels`` of ``out_dir`` into ``store``, by content."""
+    store.mkdir(parents=True, exist_ok=True)
+    rels = list(rels)
+    for rel in rels:
+        _link(out_dir / rel, store / _store_name(rel, sums[rel]))
+    _remember(store, {_store_name(rel, sums[rel]): sums[rel] for rel in rels})
+    _remember(out_dir, {rel: sums[rel] for rel in rels})
+
+
+def _link(source: Path, target: Path) -> None:
+    """``target`` becomes ``source``'s inode (a copy across file systems), replaced atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.link")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(source, temporary)
+    except OSError:
+        shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
+
+
+def _remember(folder: Path, digests: dict[str, str]) -> None:
+    """Record ``digests`` (``{relative path: sha256}``, known to be right) under the files' current stat."""
+    if not digests:
+        return
+    known = _read_digests(folder)
+    for rel, digest in digests.items():
+        stat = (folder / rel).stat()
+        known[rel] = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, digest]
+    _write_digests(folder, known)
 
 
 def _read_digests(out_dir: Path) -> dict[str, list]:
@@ -507,7 +583,17 @@ def main(argv: list[str] | None = None) -> int:
     if options.only and options.update_manifest:
         parser.error("--update-manifest regenerates every file: drop --only")
     try:
-        generate(options.out, options.manifest, options.update_manifest, options.only)
+        if options.only or options.update_manifest:
+            generate(options.out, options.manifest, options.update_manifest, options.only)
+        else:  # what make test runs: from the store where it can, as ensure_models
+            sums, store = read_manifest(options.manifest), devpaths.models_store()
+            missing = stale_files(options.out, sums, all_rels())
+            stale = link_from_store(store, options.out, sums, missing)
+            if len(stale) < len(missing):
+                print(f"linked {len(missing) - len(stale)} files from {store}")
+            generate(options.out, options.manifest, only=stale)
+            keep_in_store(store, options.out, sums, [rel for rel in all_rels()  # stored if not yet there
+                                                     if not (store / _store_name(rel, sums[rel])).is_file()])
     except ModelDeterminismError as error:
         print(f"tiny_models: {error}", file=sys.stderr)
         return DETERMINISM_EXIT_CODE

@@ -200,6 +200,9 @@ def pytest_runtest_teardown(item, nextitem):
         _return_freed_memory()
     if not (_is_heavy(nextitem) and nextitem.module is item.module):
         HEAVY_GATE.leave()
+    if _LIVE_SERVER and nextitem is not None and (_tier_of(item.keywords), _tier_of(nextitem.keywords)) == \
+            ("t2", "t3"):
+        _LIVE_SERVER[0].restart()  # T3 starts without T2's models (comfy_server)
 
 
 def _free_shared_models() -> bool:
@@ -401,7 +404,9 @@ def comfy_server(models):
     output/test-comfyui-<version>/, emptied when the server starts (a run keeps the previous run's
     files for a look, not every run's: each adds about 3 GB of saved merges and LoRAs), the server log
     to output/logs/test-comfyui-<version>.log; the frontend settings keep first-run popups out of the
-    browser tests' way.
+    browser tests' way. Between T2 and T3 the server restarts: it holds every model T2 loaded and the
+    merge cache (4.1 GB on 0.3.75, which ComfyUI's ``/free`` did not lower), and T3 runs beside the
+    other version's tiers.
     """
     from comfy_server import ComfyServer
     from frontend import HEADLESS_SETTINGS
@@ -416,7 +421,14 @@ def comfy_server(models):
     shutil.rmtree(output, ignore_errors=True)
     with ComfyServer(output, log_path=log, settings=HEADLESS_SETTINGS,
                      extra_packs={**ensure_packs(version), **PACKS}) as server:
-        yield server
+        _LIVE_SERVER[:] = [server]
+        try:
+            yield server
+        finally:
+            _LIVE_SERVER.clear()
+
+
+_LIVE_SERVER: list = []  # the running comfy_server, restarted between T2 and T3
 
 
 @pytest.fixture(scope="session")

@@ -190,7 +190,7 @@ def test_manifest_heals_corrupt_files_and_catches_nondeterminism(models, tmp_pat
     manifest.write_text("".join(f"{wrong}  {pinned}\n" if pinned in line else line for line in lines))
 
     with pytest.raises(tiny_models.ModelDeterminismError, match="no longer deterministic") as error:
-        tiny_models.ensure_models(tmp_path, manifest=manifest)
+        tiny_models.ensure_models(tmp_path, manifest=manifest, store=None)  # regenerated, not linked
     assert pinned in str(error.value) and corrupt not in str(error.value)
     assert "--update-manifest" in str(error.value)
     assert (tmp_path / corrupt).read_bytes() == (models.root / corrupt).read_bytes()
