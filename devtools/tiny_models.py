@@ -149,20 +149,23 @@ def ensure_models(out_dir: Path, manifest: Path = MANIFEST, store: Path | None =
     (default ``devpaths.models_store()``, shared by the clones on this machine; None: no store) where it
     holds their pinned content, else regenerated in a child process (ComfyUI is imported there, never
     here) and must then match; if one does not, ``ModelDeterminismError`` names it and says what to do.
-    Generated files are linked into the store for the next clone.
+    Files the store lacks (generated here, or by a clone from before the store) are linked into it.
     """
     out_dir = Path(out_dir)
     store = devpaths.models_store() if store is STORE else store
     sums = read_manifest(manifest)
-    stale = stale_files(out_dir, sums, all_rels())
+    missing = stale = stale_files(out_dir, sums, all_rels())
     if stale and store is not None:
-        stale = link_from_store(store, out_dir, sums, stale)
+        stale = link_from_store(store, out_dir, sums, missing)
+        if len(stale) < len(missing):
+            print(f"linked {len(missing) - len(stale)} tiny models from {store}", file=sys.stderr)
     if stale:
         _run_generator(out_dir, manifest, stale)
         if mismatched := stale_files(out_dir, sums, stale):
             raise ModelDeterminismError(_determinism_message(mismatched, manifest))
-        if store is not None:
-            keep_in_store(store, out_dir, sums, stale)
+    if store is not None:
+        keep_in_store(store, out_dir, sums, [rel for rel in all_rels()
+                                             if not (store / _store_name(rel, sums[rel])).is_file()])
     by_folder: dict[str, dict[str, Path]] = {}
     for rel in all_rels():
         folder, name = rel.split("/")
@@ -244,7 +247,7 @@ def link_from_store(store: Path, out_dir: Path, sums: dict[str, str], rels: Iter
 
 
 def keep_in_store(store: Path, out_dir: Path, sums: dict[str, str], rels: Iterable[str]) -> None:
-    """Hard-link the freshly generated and checked ``rels`` of ``out_dir`` into ``store``, by content."""
+    """Hard-link ``rels`` of ``out_dir``, checked against ``sums``, into ``store``, by content."""
     store.mkdir(parents=True, exist_ok=True)
     rels = list(rels)
     for rel in rels:
@@ -585,15 +588,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if options.only or options.update_manifest:
             generate(options.out, options.manifest, options.update_manifest, options.only)
-        else:  # what make test runs: from the store where it can, as ensure_models
-            sums, store = read_manifest(options.manifest), devpaths.models_store()
-            missing = stale_files(options.out, sums, all_rels())
-            stale = link_from_store(store, options.out, sums, missing)
-            if len(stale) < len(missing):
-                print(f"linked {len(missing) - len(stale)} files from {store}")
-            generate(options.out, options.manifest, only=stale)
-            keep_in_store(store, options.out, sums, [rel for rel in all_rels()  # stored if not yet there
-                                                     if not (store / _store_name(rel, sums[rel])).is_file()])
+        else:  # what make test runs: the store's files where it has them, the rest generated
+            models = ensure_models(options.out, options.manifest)
+            print(f"tiny models ready in {models.root}")
     except ModelDeterminismError as error:
         print(f"tiny_models: {error}", file=sys.stderr)
         return DETERMINISM_EXIT_CODE
