@@ -33,11 +33,11 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     Nothing finished stays in memory; peak memory is torch itself plus about half the memory budget.
 
     Speed comes from not touching memory twice: methods flagged elementwise (weighted_sum,
-    add_difference, n_average, ...) run on slices of 64K elements cast to fp32 into reused buffers, so
+    add_difference, n_average, ...) run on slices of 128K elements cast to fp32 into reused buffers, so
     the working set stays in cache, the allocator never faults fresh pages and no full-size fp32 copy
     exists. Every other method gets whole fp32 tensors. Results are cast once into a reused output
     buffer. The math runs on one torch thread by default (an oversubscribed OpenMP pool is many times
-    slower, and on 64K-element slices a 2-thread pool gains nothing); a large elementwise key is cut into
+    slower, and on 128K-element slices a 2-thread pool gains nothing); a large elementwise key is cut into
     ``workers`` spans (2 by default) evaluated side by side, as torch releases the GIL inside each
     operation.
 

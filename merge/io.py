@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from . import architectures, partials
+from . import architectures, direct_write, partials
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -27,6 +27,7 @@ FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 MAX_HEADER_BYTES = 100 * 2**20
 UNET_PREFIX = "model.diffusion_model."
 WRITE_BACK_BYTES = 64 * 2**20  # appended bytes after which the writer starts writing them to disk
+DIRECT_MIN_BYTES = 64 * 2**20  # outputs this large (fsynced) are written around the page cache
 ALIGN = 64  # byte alignment of tensors in the spill file and of a written file's data
 PICKLE_MAGICS = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # torch zip, pickle
 
@@ -317,9 +318,12 @@ class SafetensorsWriter:
     block by an exception (KeyboardInterrupt included) deletes the temporary file instead.
 
     The temporary file lies next to the output (``.<name>.<pid>-*.partial``: merge/partials.py removes
-    those of killed merges); every 64 MiB appended, its writeback to disk is started without waiting,
-    so the disk writes while the merge computes. ``commit`` refuses to replace an existing file unless
-    ``overwrite``; ``abort`` deletes the temporary file and leaves everything else untouched.
+    those of killed merges). An output of ``DIRECT_MIN_BYTES`` or more that is to be fsynced has its data
+    written around the page cache by merge/direct_write.py (its data section then starts at a 4 KiB
+    boundary), the disk writing while the merge computes; where the filesystem refuses that, and for
+    smaller files, every 64 MiB appended has its writeback to disk started without waiting. ``commit``
+    refuses to replace an existing file unless ``overwrite``; ``abort`` deletes the temporary file and
+    leaves everything else untouched.
     """
 
     def __init__(self, path: str | os.PathLike, outputs: list[OutputTensor], metadata: Mapping[str, str],
@@ -329,11 +333,14 @@ class SafetensorsWriter:
         check_output_path(self.path, overwrite)
         planned = self._header_bytes([(o.key, o.dtype, o.shape, o.nbytes) for o in outputs], 0)
         self.data_start = 8 + len(planned) + 256 + 8 * len(outputs)  # slack for shapes that grow
-        self.data_start += -self.data_start % ALIGN
-        self.planned_size = self.data_start + sum(o.nbytes for o in outputs)
+        data_bytes = sum(o.nbytes for o in outputs)
+        self.direct = fsync and direct_write.available() and data_bytes >= DIRECT_MIN_BYTES
+        self.data_start += -self.data_start % (direct_write.BLOCK if self.direct else ALIGN)
+        self.planned_size = self.data_start + data_bytes
         self.entries: list[_Entry] = []
         self.position = self._written_back = self.data_start
         self._fd: int | None = None
+        self._direct: direct_write.DirectWriter | None = None
         self.temp_path: Path | None = None
 
     def _header_bytes(self, entries: list[_Entry], pad_to: int) -> bytes:
@@ -353,6 +360,11 @@ class SafetensorsWriter:
         self._fd, self.temp_path = fd, Path(name)
         try:
             os.ftruncate(fd, self.planned_size)
+            if self.direct:
+                try:
+                    self._direct = direct_write.DirectWriter(self.temp_path, fd, self.data_start)
+                except OSError:  # the filesystem has no O_DIRECT: written through the page cache
+                    self.direct = False
         except BaseException:
             self.abort()
             raise
@@ -364,13 +376,17 @@ class SafetensorsWriter:
 
     def append(self, key: str, data: torch.Tensor) -> None:
         """Write the next tensor (contiguous, CPU) right after the previous one."""
-        view = memoryview(data.reshape(-1).view(torch.uint8).numpy())
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], self.position + done)
-        self.entries.append((key, data.dtype, tuple(data.shape), len(view)))
-        self.position += len(view)
-        if self.fsync and self.position - self._written_back >= WRITE_BACK_BYTES:
+        raw = data.reshape(-1).view(torch.uint8)
+        if self._direct is not None:
+            self._direct.append(raw)
+        else:
+            view = memoryview(raw.numpy())
+            done = 0
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], self.position + done)
+        self.entries.append((key, data.dtype, tuple(data.shape), raw.numel()))
+        self.position += raw.numel()
+        if self._direct is None and self.fsync and self.position - self._written_back >= WRITE_BACK_BYTES:
             self._write_back()
 
     def _write_back(self) -> None:
@@ -387,6 +403,10 @@ class SafetensorsWriter:
         header = self._header_bytes(self.entries, self.data_start - 8)
         if len(header) != self.data_start - 8:
             raise RuntimeError(f"{self.path}: the final header outgrew its reserved space; report this bug")
+        if self._direct is not None:
+            self._direct.finish()
+            self._direct.close()
+            self.direct = self._direct.direct  # False where a write was refused and went buffered
         os.pwrite(self._fd, len(header).to_bytes(8, "little") + header, 0)
         os.ftruncate(self._fd, self.position)
         if self.fsync:
@@ -411,6 +431,9 @@ class SafetensorsWriter:
 
     def abort(self) -> None:
         """Close and delete the temporary file (idempotent)."""
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -72,7 +72,7 @@ class MergeOptions:
     progress: bool = _option(True, "show a progress bar")
     fsync: bool = _option(True, "flush the output to disk before it replaces the target")
     prefetch: int = _option(3, "keys read ahead besides the one being merged (%(default)s)")
-    chunk_elements: int = _option(1 << 16, "elements per slice of an elementwise key (%(default)s)")
+    chunk_elements: int = _option(1 << 17, "elements per slice of an elementwise key (%(default)s)")
     search_dirs: tuple[Path, ...] = _option((), "where to look for relative model paths (after the current "
                                                 "folder and the recipe's folder; repeatable)")
     spill_dir: Path | None = _option(None, "folder for spilled intermediates (default: the output's)")

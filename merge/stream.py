@@ -20,7 +20,7 @@ from .executable import Call, CompiledRecipe, Leaf
 from .io import ALIGN
 
 SPLIT_SLICES = 8  # slices per worker below which a key is evaluated in one span (a hand-off costs ~0.1 ms)
-CHECK_SLICES = 16  # slices written between two magnitude passes: 1 Mi elements, still in the CPU's cache
+CHECK_SLICES = 8  # slices written between two magnitude passes: 1 Mi elements, still in the CPU's cache
 
 
 class MethodError(ValueError):
@@ -35,7 +35,7 @@ class Evaluator:
     ``workers`` > 1 a large key's element range is cut into that many spans (at slice boundaries)
     evaluated side by side, the calling thread taking the first: torch releases the GIL inside each
     operation, so two single-threaded workers on a 2-core machine take about 0.6x the time of one
-    (measured on SD1.5's UNet, fp16 in and out), where a 2-thread torch pool on 64K-element slices gains
+    (measured on SD1.5's UNet, fp16 in and out), where a 2-thread torch pool on 128K-element slices gains
     nothing. Elementwise methods are pure, so the result is the same bit for bit. A param-space call given
     as a parameter is evaluated like a tensor input, in both modes. A method that raises on a key becomes
     a ``MethodError`` naming the key, the method and its parameters. A method that reads other keys

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import threading
 
 import pytest
 import torch
@@ -222,6 +224,134 @@ def test_writer_removes_its_temporary_file_on_error_and_never_overwrites(mio, tm
         mio.SafetensorsWriter(out, planned, {})
     mio.save_file({"x": torch.ones(2)}, out, overwrite=True)
     assert torch.equal(load_file(str(out))["x"], torch.ones(2))
+
+
+# ---- large outputs: data written around the page cache (merge/direct_write.py) ----------------------
+
+ODD_TENSORS = {"a": (5000,), "b": (3, 7), "c": (9000,), "h": (4097,), "i": (333,)}  # 4-byte and 2-byte
+
+
+def odd_tensors():
+    g = torch.Generator().manual_seed(3)
+    out = {k: torch.randn(shape, generator=g) for k, shape in ODD_TENSORS.items()}
+    out["h"], out["i"] = out["h"].half(), (out["i"] * 100).to(torch.int32)
+    return out
+
+
+@pytest.fixture
+def direct_small(mio, monkeypatch):
+    """Every fsynced output written the direct way, through 8 KiB staging buffers (so a few tensors take
+    many buffers and one tensor spans several)."""
+    from patchbay_merge import direct_write
+
+    monkeypatch.setattr(mio, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(direct_write, "STAGE_BYTES", 2 * direct_write.BLOCK)
+    opened = []
+    real_open = os.open
+
+    def spying_open(path, flags, *args, **kwargs):
+        opened.append(flags)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", spying_open)
+    return direct_write, opened
+
+
+def takes_o_direct(folder) -> bool:
+    probe = folder / "o_direct_probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return True
+
+
+def write_all(mio, path, tensors, **kwargs):
+    planned = [mio.OutputTensor(k, t.dtype, tuple(t.shape)) for k, t in tensors.items()]
+    with mio.SafetensorsWriter(path, planned, {"patchbay.recipe": "x"}, **kwargs) as writer:
+        for key, tensor in tensors.items():
+            writer.append(key, tensor)
+        writer.commit()
+    return writer
+
+
+def test_a_large_output_is_written_around_the_page_cache_and_reads_back_exactly(mio, tmp_path, direct_small):
+    direct_write, opened = direct_small
+    tensors = odd_tensors()
+    writer = write_all(mio, tmp_path / "out.safetensors", tensors)
+    direct = takes_o_direct(tmp_path)
+    assert writer.direct is direct and any(f & os.O_DIRECT for f in opened) is direct
+    assert writer.data_start % direct_write.BLOCK == 0 and not [t for t in threading.enumerate()
+                                                                if t.name == "patchbay-direct-write"]
+    assert (tmp_path / "out.safetensors").stat().st_size == writer.position  # the padded tail cut off
+    loaded = load_file(str(tmp_path / "out.safetensors"))
+    assert list(loaded) == list(tensors) and all(torch.equal(loaded[k], t) for k, t in tensors.items())
+    assert mio.SafetensorsFile(tmp_path / "out.safetensors").metadata == {"patchbay.recipe": "x"}
+    opened.clear()
+    small = write_all(mio, tmp_path / "nosync.safetensors", tensors, fsync=False)  # not fsynced: buffered
+    assert small.direct is False and not any(f & os.O_DIRECT for f in opened)
+    again = load_file(str(tmp_path / "nosync.safetensors"))
+    assert all(torch.equal(again[k], loaded[k]) for k in tensors)
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_where_the_filesystem_refuses_o_direct_the_same_file_is_written_buffered(mio, tmp_path, direct_small,
+                                                                               monkeypatch, refused_at):
+    direct_write, _ = direct_small
+    spying_open, real_pwrite, direct_fds, refused = os.open, os.pwrite, set(), []
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT and refused_at == "open":
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        fd = spying_open(path, flags, *args, **kwargs)
+        if flags & os.O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def refusing_pwrite(fd, data, offset):
+        if fd in direct_fds and refused_at == "write":
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+    tensors = odd_tensors()
+    writer = write_all(mio, tmp_path / "out.safetensors", tensors)
+    assert writer.direct is False and len(refused) == 1  # refused once, then buffered for good
+    loaded = load_file(str(tmp_path / "out.safetensors"))
+    assert all(torch.equal(loaded[k], t) for k, t in tensors.items())
+    assert sorted(os.listdir(tmp_path)) == ["out.safetensors"]
+
+
+@pytest.mark.parametrize("failure", ["disk full", "interrupt"])
+def test_a_failed_or_interrupted_direct_write_leaves_no_file_and_no_thread(mio, tmp_path, direct_small,
+                                                                          monkeypatch, failure):
+    if not takes_o_direct(tmp_path):
+        pytest.fail(f"{tmp_path} takes no O_DIRECT: this test needs a filesystem that does (ext4, xfs)")
+    real_pwrite = os.pwrite
+
+    def full_pwrite(fd, data, offset):
+        if offset > 0 and len(data) == 2 * 4096:  # a staging buffer of the direct writer
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    if failure == "disk full":
+        monkeypatch.setattr(os, "pwrite", full_pwrite)
+    tensors = odd_tensors()
+    planned = [mio.OutputTensor(k, t.dtype, tuple(t.shape)) for k, t in tensors.items()]
+    expected = OSError if failure == "disk full" else KeyboardInterrupt
+    with pytest.raises(expected), mio.SafetensorsWriter(tmp_path / "out.safetensors", planned, {}) as writer:
+        for key, tensor in tensors.items():
+            writer.append(key, tensor)
+            if failure == "interrupt":
+                raise KeyboardInterrupt
+        writer.commit()
+    assert os.listdir(tmp_path) == []
+    assert not [t for t in threading.enumerate() if t.name == "patchbay-direct-write"]
 
 
 def test_every_tiny_lora_module_maps_onto_a_checkpoint_key(mio, models):
