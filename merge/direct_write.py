@@ -55,6 +55,7 @@ class DirectWriter:
         self.fallback_fd, self.direct = fallback_fd, True
         self.offset, self.fill = start, 0  # file offset of the current buffer; bytes in it
         self.error: BaseException | None = None
+        self.dropping = False  # closed before finish (an error or an interrupt): nothing more is written
         self.free: queue.Queue = queue.Queue()
         for _ in range(STAGES):
             self.free.put(mmap.mmap(-1, STAGE_BYTES))  # anonymous mappings are page aligned
@@ -88,6 +89,9 @@ class DirectWriter:
         self._raise()
 
     def close(self) -> None:
+        """Stop the thread (buffers not yet written are dropped: after ``finish`` there are none) and
+        close the descriptor."""
+        self.dropping = True
         self._stop()
         if self.fd is not None:
             os.close(self.fd)
@@ -105,7 +109,7 @@ class DirectWriter:
     def _run(self) -> None:
         while (item := self.todo.get()) is not None:
             buffer, offset, length = item
-            if self.error is None:
+            if self.error is None and not self.dropping:
                 try:
                     self._write(memoryview(buffer)[:length], offset)
                 except BaseException as error:  # noqa: BLE001 - handed to the appending thread
