@@ -29,7 +29,8 @@ def merge(recipe: object, out_path: str | os.PathLike, options: MergeOptions | N
     streams (merge/pipeline.py): a reader thread maps the next keys' input tensors from their files
     (read in place from the page cache), the calling thread evaluates the recipe for that key
     (merge/stream.py) and checks it (merge/checks.py), a writer thread appends the result to a temporary
-    file, starting its writeback to disk as it goes, which is fsynced and renamed into place at the end.
+    file, the disk writing as it goes (a large output around the page cache), which is fsynced and
+    renamed into place at the end.
     Nothing finished stays in memory; peak memory is torch itself plus about half the memory budget.
 
     Speed comes from not touching memory twice: methods flagged elementwise (weighted_sum,

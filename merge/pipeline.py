@@ -53,7 +53,7 @@ def run(graph: CompiledRecipe, sources: list, plans: list[KeyPlan], sink: Any, o
     ahead; the calling thread evaluates the recipe into one of two to six reused output buffers (a large
     elementwise key in spans, side by side with ``MergeOptions.workers - 1`` math threads, measuring
     what it writes for the checks); the writer checks each finished tensor (merge/checks.py), caches it
-    and appends it to the temporary output file (starting its writeback to disk as it goes). Deep
+    and appends it to the temporary output file (the disk writing as it goes: merge/io.py). Deep
     queues matter on a busy machine: a thread that was not scheduled for a while catches up without
     stalling the others. A unit's inputs are released by the reader once the calling thread is done
     with them, and buffers go back to their pools as soon as they are consumed.
