@@ -100,23 +100,8 @@ def rig(comfy):
     return Rig(comfy)
 
 
-def test_sd15_chain_samples_exactly_as_the_eight_slots(rig, comfy):
-    prompts = ("a knight in silver armor", "a wizard in a blue robe", "a robot with red lights",
-               "a pirate with a parrot")
-    strengths, schedules = (1.0, 0.7, 1.0, -0.5), ("", "0@0, 1@0.5", "", "")
-    regions = [region_inputs(*args) for args in zip(prompts, stripes(4), LORAS, strengths, schedules,
-                                                    strict=True)]
-    (fixed_model, fixed_pos), (chained_model, chained_pos) = both(comfy, rig.model, rig.clip, regions, 6)
-    assert_same_positive(fixed_pos, chained_pos)
-    fixed = rig.sample(fixed_model, fixed_pos, steps=STEPS)
-    assert torch.equal(rig.sample(chained_model, chained_pos, steps=STEPS), fixed)
-    assert not torch.equal(fixed, rig.sample(rig.model, rig.encode(BASE), steps=STEPS))
-    _, unscheduled = both(comfy, rig.model, rig.clip, [{**r, "schedule": ""} for r in regions], 6)
-    (hook,) = [h for h in chained_pos[0][1]["hooks"].hooks if h.hook_id == LORAS[1]]
-    assert [(k.strength, k.start_percent) for k in hook.hook_keyframe.keyframes] == [(0.0, 0.0), (1.0, 0.5)]
-    assert not any(h.hook_keyframe.keyframes for h in unscheduled[1][0][1]["hooks"].hooks)
-
-
+# The Flux test runs first: it needs no rig, and the tiny SD1.5 the rig loads would otherwise sit beside
+# the tiny Flux (module peak 4.77 GB, 4.05 GB in this order; tests/conftest.py frees the Flux after it).
 class StandInClip:
     """What the couple nodes call on a CLIP, for a model whose text encoder cannot be tiny: each prompt
     text gives arch_sampling's synthesized Flux conditioning (seeded by the text); a region LoRA's CLIP
@@ -153,6 +138,23 @@ def test_flux_chain_samples_exactly_as_the_eight_slots(comfy):
     no_lora = [region_inputs("a knight", left), regions[1]]
     model, pos = both(comfy, flux, StandInClip(), no_lora, 12)[1]
     assert not torch.equal(arch_sampling.sample(model, pos, negative, steps=STEPS, latent_size=8), fixed)
+
+
+def test_sd15_chain_samples_exactly_as_the_eight_slots(rig, comfy):
+    prompts = ("a knight in silver armor", "a wizard in a blue robe", "a robot with red lights",
+               "a pirate with a parrot")
+    strengths, schedules = (1.0, 0.7, 1.0, -0.5), ("", "0@0, 1@0.5", "", "")
+    regions = [region_inputs(*args) for args in zip(prompts, stripes(4), LORAS, strengths, schedules,
+                                                    strict=True)]
+    (fixed_model, fixed_pos), (chained_model, chained_pos) = both(comfy, rig.model, rig.clip, regions, 6)
+    assert_same_positive(fixed_pos, chained_pos)
+    fixed = rig.sample(fixed_model, fixed_pos, steps=STEPS)
+    assert torch.equal(rig.sample(chained_model, chained_pos, steps=STEPS), fixed)
+    assert not torch.equal(fixed, rig.sample(rig.model, rig.encode(BASE), steps=STEPS))
+    _, unscheduled = both(comfy, rig.model, rig.clip, [{**r, "schedule": ""} for r in regions], 6)
+    (hook,) = [h for h in chained_pos[0][1]["hooks"].hooks if h.hook_id == LORAS[1]]
+    assert [(k.strength, k.start_percent) for k in hook.hook_keyframe.keyframes] == [(0.0, 0.0), (1.0, 0.5)]
+    assert not any(h.hook_keyframe.keyframes for h in unscheduled[1][0][1]["hooks"].hooks)
 
 
 def test_a_ninth_region_is_refused_by_the_region_and_by_the_couple(rig, comfy):
