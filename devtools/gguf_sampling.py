@@ -10,7 +10,7 @@ Conditioning and sampling are devtools/arch_sampling.py's ("sd15" and "flux" con
 
     load_comfyui_gguf()                      # once per process, after ComfyUI is imported
     model = shared_gguf("sd15", "Q4_K")      # a GGUFModelPatcher; clone it, never patch it
-    reference = dequantized_copy(model)      # core's layers, float32, the GGUF layers' weights
+    reference = dequantized_copy(model, "sd15")  # core's layers, float32, the GGUF layers' weights
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def is_quantized(tensor: torch.Tensor) -> bool:
     return not tensor.is_floating_point()
 
 
-def dequantized_state_dict(model: ModelPatcher) -> dict[str, torch.Tensor]:
-    """The diffusion model's weights as float32 tensors, dequantized by each GGUF layer's ``get_weight``:
-    the values its forward computes with (no LoRA patch is attached to a freshly loaded model)."""
-    out = {}
+def dequantized_weights(model: ModelPatcher):
+    """``(name, float32 tensor)`` for each diffusion-model weight, dequantized by its GGUF layer's
+    ``get_weight``: the values its forward computes with (no LoRA patch is attached to a freshly loaded
+    model). One at a time, so that no second copy of the whole model exists."""
     for name, module in model.model.diffusion_model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             key = f"{name}.{param_name}" if name else param_name
@@ -84,13 +84,36 @@ def dequantized_state_dict(model: ModelPatcher) -> dict[str, torch.Tensor]:
                 value = module.get_weight(param, torch.float32)
             else:
                 value = param.as_subclass(torch.Tensor).to(torch.float32)
-            out[key] = value.as_subclass(torch.Tensor).detach().clone()
-    return out
+            yield key, value.as_subclass(torch.Tensor).detach()
 
 
-def dequantized_copy(model: ModelPatcher) -> ModelPatcher:
+def dequantized_copy(model: ModelPatcher, arch: str) -> ModelPatcher:
     """A plain ComfyUI model of the same architecture (core's layers, float32 weights) holding the values
-    ``model``'s GGUF layers compute with: what core's own hook path can run, as a reference."""
-    import comfy.sd
+    ``model``'s GGUF layers compute with: what core's own hook path can run, as a reference.
 
-    return comfy.sd.load_diffusion_model_state_dict(dequantized_state_dict(model))
+    The float file the tiny ``arch`` GGUF files were made from (devtools/tiny_gguf.py) is loaded in
+    float32 and each weight is overwritten in place with the GGUF layer's value, one at a time (a whole
+    dequantized state dict loaded beside its copy held the tiny Flux twice: 2.3 GB more at the peak)."""
+    import comfy.sd
+    import folder_paths
+
+    folder, name = {"sd15": tiny_gguf.SD15_SOURCE, "flux": tiny_gguf.FLUX_SOURCE}[arch].split("/", 1)
+    path = folder_paths.get_full_path_or_raise(folder, name)
+    options = {"dtype": torch.float32}
+    if folder == "checkpoints":
+        copy = comfy.sd.load_checkpoint_guess_config(path, output_vae=False, output_clip=False,
+                                                     output_clipvision=False, model_options=options)[0]
+    else:
+        copy = comfy.sd.load_diffusion_model(path, model_options=options)
+    targets = dict(copy.model.diffusion_model.named_parameters())
+    with torch.no_grad():
+        for key, value in dequantized_weights(model):
+            target = targets.pop(key)
+            if target.dtype != torch.float32 or target.shape != value.shape:
+                raise RuntimeError(f"{path}: {key} is {target.dtype} {tuple(target.shape)} in the float "
+                                   f"copy, {tuple(value.shape)} in the GGUF model; regenerate the tiny "
+                                   "models")
+            target.copy_(value)
+    if targets:
+        raise RuntimeError(f"{path}: weights the GGUF model lacks: {sorted(targets)[:5]}")
+    return copy

@@ -138,7 +138,7 @@ def test_model_as_lora_over_a_gguf_lora_uses_the_unpatched_weight(n):
     lora = LORAS["sd15"][0]
     (hooks,) = n["CreateHookModelAsLoraModelOnly"]().create_hook_model_only(CKPT_B, 0.5)
     with_lora = n["LoraLoaderModelOnly"]().load_lora_model_only
-    reference = gguf_sampling.dequantized_copy(model)
+    reference = gguf_sampling.dequantized_copy(model, "sd15")
     expected = sample("sd15", with_lora(reference, lora, 0.8)[0], hooks=hooks)
     without = sample("sd15", with_lora(reference, lora, 0.8)[0])
     actual = sample("sd15", fast(n, with_lora(model, lora, 0.8)[0]), hooks=hooks)
@@ -169,7 +169,7 @@ def test_regional_hooks_equal_core_on_a_dequantized_copy(n, arch, qtype, schedul
     hooked = regions(n, arch, first, lora_hook(n, LORAS[arch][1], 0.6))
     negative = arch_sampling.make_cond(arch, 2)
     steps = 2 if scheduled else 1
-    reference = arch_sampling.without_hook_cache(gguf_sampling.dequantized_copy(model))
+    reference = arch_sampling.without_hook_cache(gguf_sampling.dequantized_copy(model, arch))
     expected = sample(arch, reference, hooked, negative, steps=steps)
     del reference
     without = sample(arch, model, regions(n, arch, None, None), negative, steps=steps)
