@@ -7,7 +7,9 @@ samples the tree under PID (the test run: pytest, the ComfyUI servers it starts,
 ``--interval`` seconds until PID exits or this process gets SIGTERM, then writes FILE (JSON): the peak
 of the whole tree and, per label, the peak while that label was current. A label is the text of a file
 in DIR (one file per concurrent job: the test runner writes ``0.3.75 t1`` into its file when the tier
-changes, tests/conftest.py), so memory is attributed to the tier and version that used it.
+changes, tests/conftest.py), so memory is attributed to the tier and version that used it. A label
+file's further lines (the running test's id) are not part of the label; the peak records them
+(``peak_during``), so the summary names the tests that ran when the whole run peaked.
 ``--summarize`` prints FILE with the test reports (tests/conftest.py's $PATCHBAY_TEST_REPORT, a tier's
 seconds and outcomes) as one table: what `make test` ends with.
 
@@ -97,19 +99,23 @@ class Peaks:
     at: float = 0.0
     top: list[tuple[int, str]] = field(default_factory=list)
     labels: dict[str, int] = field(default_factory=dict)
+    during: list[str] = field(default_factory=list)  # the label files' further lines at the peak
 
     def add(self, sample: dict[int, int], labels: list[str], seconds: float) -> None:
         total = sum(sample.values())
-        for label in labels:
+        for text in labels:
+            label = text.splitlines()[0]
             self.labels[label] = max(self.labels.get(label, 0), total)
         if total > self.total:
             self.total, self.at = total, seconds
+            self.during = sorted(" ".join(text.splitlines()[1:]) for text in labels if "\n" in text)
             biggest = sorted(sample.items(), key=lambda item: -item[1])[:5]
             self.top = [(size // MB, command(pid)) for pid, size in biggest]
 
     def as_json(self) -> dict:
         return {"peak_mb": self.total // MB, "peak_at_s": round(self.at), "top": self.top,
-                "labels_mb": {label: size // MB for label, size in self.labels.items()}}
+                "labels_mb": {label: size // MB for label, size in self.labels.items()},
+                "peak_during": self.during}
 
 
 def current_labels(folder: Path | None) -> list[str]:
@@ -169,6 +175,8 @@ def summary(memory: dict, reports: list[dict], seconds: int) -> str:
     top = ", ".join(f"{size} MB {_program(cmd)}" for size, cmd in memory["top"][:3])
     lines.append(f"whole run: {seconds // 60} min {seconds % 60} s, peak {memory['peak_mb']} MB "
                  f"(at {memory['peak_at_s']} s: {top}); private resident memory of every process it started")
+    if memory.get("peak_during"):
+        lines.append("running at the peak: " + "; ".join(memory["peak_during"]))
     return "\n".join(lines)
 
 

@@ -266,7 +266,6 @@ def weights_digest():
 TIERS = ("t0", "t1", "t2", "t3")
 _tier_outcomes: dict[str, dict[str, int]] = {tier: {} for tier in TIERS}
 _tier_seconds: dict[str, float] = {tier: 0.0 for tier in TIERS}
-_current_tier: list[str] = []
 
 
 def _selected_tiers() -> tuple[str, ...]:
@@ -326,15 +325,18 @@ def _tier_of(keywords) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures load its models
 def pytest_runtest_setup(item):
     """Name the running tier in $PATCHBAY_MEM_LABEL's file, so devtools/memwatch.py (which `make test`
-    runs beside the tests) attributes the memory it samples to this version and tier; a heavy test
-    waits for the heavy-test gate (HEAVY_GATE)."""
+    runs beside the tests) attributes the memory it samples to this version and tier (and the test, on
+    the file's second line, so the summary names what ran at the run's peak); a heavy test waits for the
+    heavy-test gate (HEAVY_GATE)."""
     if _is_heavy(item):
         HEAVY_GATE.enter()
     tier = _tier_of(item.keywords)
     label_file = os.environ.get("PATCHBAY_MEM_LABEL")
-    if tier and label_file and _current_tier != [tier]:
-        _current_tier[:] = [tier]
-        Path(label_file).write_text(f"{_comfyui_version_or_none()} {tier}")
+    if tier and label_file:  # replaced whole (written beside the labels' folder): never read half written
+        label = Path(label_file)
+        staged = label.parent.parent / f".{label.name}.{os.getpid()}"
+        staged.write_text(f"{_comfyui_version_or_none()} {tier}\n{item.nodeid}")
+        os.replace(staged, label)
 
 
 def pytest_runtest_logreport(report):
