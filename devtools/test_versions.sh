@@ -12,7 +12,7 @@
 #      side), else in turn with every core.
 #      Measured on a 2-core 23 GB machine: the two T1s side by side took 954 s of wall time, where
 #      in turn they had taken 1644 + 986 s (one torch thread per process loses little on tiny
-#      models); a whole run peaked at 8.9-9.9 GB of private memory (d17f124 to 47f5a3f: the two T1s, heavy tests
+#      models); a whole run peaked at 8.9-10.2 GB of private memory (d17f124 to acd42fd: the two T1s, heavy tests
 #      taking turns across the lanes: PATCHBAY_HEAVY_LOCK; the server restarted between T2 and T3,
 #      tests/conftest.py). A server phase keeps about one core busy,
 #      so beside the other lane's T1 it costs little. The first lane's output is shown live, the others' after it
