@@ -97,7 +97,7 @@ def dequantized_copy(model: ModelPatcher, arch: str) -> ModelPatcher:
     import comfy.sd
     import folder_paths
 
-    folder, name = {"sd15": tiny_gguf.SD15_SOURCE, "flux": tiny_gguf.FLUX_SOURCE}[arch].split("/", 1)
+    folder, name = tiny_gguf.LAYOUTS[STEMS[arch]].source.split("/", 1)
     path = folder_paths.get_full_path_or_raise(folder, name)
     options = {"dtype": torch.float32}
     if folder == "checkpoints":
